@@ -1,0 +1,214 @@
+//! What the core asks of its driver, and in what order.
+
+use crate::log::LogMark;
+use crate::message::{Message, MessageBody};
+use crate::raft::Raft;
+use crate::tracker::apply_conf_change;
+use crate::types::{
+    ConfChange, Entry, EntryPayload, HardState, LeaveJoint, LogIndex, NodeId, ReadCtx, Role,
+    Snapshot,
+};
+
+/// A read that is now linearizable: serve it once the state machine has applied `index`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReadState {
+    pub index: LogIndex,
+    pub ctx: ReadCtx,
+}
+
+/// The role and known leader, reported when they change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SoftState {
+    pub role: Role,
+    pub leader: Option<NodeId>,
+}
+
+/// Everything the driver must do after the core changed state. Handle the fields in this order,
+/// then call [`Raft::advance`] before asking for the next `Ready`:
+///
+/// 1. Send `messages_now`. They may go out before, or while, step 2 runs.
+/// 2. Persist, durably (fsync) and atomically enough that a crash leaves either the old or new
+///    state of each item: `snapshot`, then `entries`, then `hard_state`. `entries[0]` may start at
+///    or below the last persisted index: discard the persisted suffix from there first.
+/// 3. Send `messages_after_persist`. They promise what step 2 wrote (votes, acknowledgements),
+///    so they must never leave before it is durable.
+/// 4. Apply `snapshot` (if any), then `committed_entries`, in order, to the state machine.
+/// 5. Serve each of `read_states` once the state machine has applied its index.
+#[derive(Debug, Default)]
+#[must_use = "a Ready must be handled and then advanced"]
+pub struct Ready {
+    /// Messages that may be sent at once. Only a leader's replication traffic lands here
+    /// (thesis §10.2.1): the leader counts its own log toward commit only after `advance`.
+    pub messages_now: Vec<Message>,
+    /// A snapshot from the leader that replaces the state machine and the log up to its index.
+    pub snapshot: Option<Snapshot>,
+    /// Log entries to append durably.
+    pub entries: Vec<Entry>,
+    /// Term, vote and commit index, when they changed.
+    pub hard_state: Option<HardState>,
+    /// Messages to send only after everything above is durable.
+    pub messages_after_persist: Vec<Message>,
+    /// Entries known committed, to apply in order. Membership changes among them take effect in
+    /// the core when `advance` is called.
+    pub committed_entries: Vec<Entry>,
+    /// Reads now safe to serve, once their index is applied.
+    pub read_states: Vec<ReadState>,
+    /// The role or leader, when either changed.
+    pub soft_state: Option<SoftState>,
+}
+
+impl Ready {
+    /// Every message of this Ready, for drivers that persist synchronously before sending.
+    pub fn all_messages(&self) -> impl Iterator<Item = &Message> {
+        self.messages_now.iter().chain(&self.messages_after_persist)
+    }
+}
+
+/// What a handed-out `Ready` contained, so `advance` knows what is now durable and applied.
+#[derive(Debug)]
+pub(crate) struct ReadyMark {
+    log: LogMark,
+    hard_state: HardState,
+    conf_changes: Vec<(LogIndex, ConfChange)>,
+}
+
+impl Raft {
+    /// Whether [`Raft::ready`] would return anything.
+    pub fn has_ready(&self) -> bool {
+        self.pending_ready.is_none()
+            && (!self.msgs_now.is_empty()
+                || !self.msgs_after_persist.is_empty()
+                || !self.read_states.is_empty()
+                || self.needs_bcast
+                || self.reads.has_queued()
+                || !self.forward_reads.is_empty()
+                || self.log.has_ready()
+                || self.hard_state() != self.last_hard_state
+                || (self.role, self.leader) != self.last_soft)
+    }
+
+    /// Collects what the driver must do next; see [`Ready`] for the order.
+    ///
+    /// # Panics
+    /// If the previous `Ready` was not advanced.
+    pub fn ready(&mut self) -> Ready {
+        assert!(
+            self.pending_ready.is_none(),
+            "ready() called before advance()"
+        );
+        self.flush();
+        let (snapshot, entries, committed_entries, log_mark) = self.log.take_ready();
+        let hs = self.hard_state();
+        let hard_state = (hs != self.last_hard_state).then_some(hs);
+        self.last_hard_state = hs;
+        let soft = (self.role, self.leader);
+        let soft_state = (soft != self.last_soft).then_some(SoftState {
+            role: soft.0,
+            leader: soft.1,
+        });
+        self.last_soft = soft;
+        let conf_changes = committed_entries
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::ConfChange(cc) => Some((e.index, cc.clone())),
+                EntryPayload::Normal(_) => None,
+            })
+            .collect();
+        self.pending_ready = Some(ReadyMark {
+            log: log_mark,
+            hard_state: hs,
+            conf_changes,
+        });
+        Ready {
+            messages_now: std::mem::take(&mut self.msgs_now),
+            snapshot,
+            entries,
+            hard_state,
+            messages_after_persist: std::mem::take(&mut self.msgs_after_persist),
+            committed_entries,
+            read_states: std::mem::take(&mut self.read_states),
+            soft_state,
+        }
+    }
+
+    /// The driver has handled the last `Ready`: its writes are durable and its committed entries
+    /// applied.
+    ///
+    /// # Panics
+    /// If there is no outstanding `Ready`.
+    pub fn advance(&mut self) {
+        let mark = self
+            .pending_ready
+            .take()
+            .expect("advance() without a ready()");
+        self.log.advance(mark.log);
+        self.durable_term = self.durable_term.max(mark.hard_state.term);
+        for (index, cc) in mark.conf_changes {
+            self.apply_committed_conf_change(index, &cc);
+        }
+        if self.role == Role::Leader {
+            // The leader's own copy counts once it is durable.
+            let persisted = self.log.persisted();
+            if let Some(pr) = self.tracker.progress_mut(self.id) {
+                pr.maybe_update(persisted);
+            }
+            if self.maybe_commit() {
+                self.needs_bcast = true;
+            }
+        }
+        self.check_invariants_debug();
+    }
+
+    fn apply_committed_conf_change(&mut self, index: LogIndex, cc: &ConfChange) {
+        if index <= self.conf_applied_index {
+            return;
+        }
+        self.conf_applied_index = index;
+        // Each change was validated against this same configuration when proposed, so this
+        // fails only for a change a deposed leader appended; every node skips it alike.
+        let Ok(next) = apply_conf_change(self.tracker.conf(), cc) else {
+            return;
+        };
+        let auto_leave = next.is_joint() && next.auto_leave;
+        self.tracker.set_conf(next, self.log.last_index().next());
+        if self.role != Role::Leader {
+            return;
+        }
+        if !self.tracker.is_voter(self.id) {
+            // Removed or demoted: a leader outside the configuration steps down.
+            self.become_follower(self.term, None);
+            return;
+        }
+        if auto_leave && self.pending_conf_index <= self.log.applied() {
+            let leave = ConfChange {
+                changes: Vec::new(),
+                leave_joint: LeaveJoint::Auto,
+            };
+            self.append_payloads(vec![EntryPayload::ConfChange(leave)]);
+        }
+        // A shrunken quorum may commit more now.
+        if self.maybe_commit() {
+            self.needs_bcast = true;
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.role == Role::Leader {
+            self.flush_leader();
+        } else if !self.forward_reads.is_empty() {
+            let ctxs = std::mem::take(&mut self.forward_reads);
+            match self.leader {
+                Some(leader) => {
+                    self.send(
+                        leader,
+                        crate::types::Term(0),
+                        MessageBody::ReadIndex { ctxs },
+                    );
+                }
+                // The leader was lost since the reads were accepted; the driver's request times
+                // out and retries, as with any read the old leader never answered.
+                None => drop(ctxs),
+            }
+        }
+    }
+}
