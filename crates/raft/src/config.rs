@@ -23,6 +23,8 @@ pub enum PlantedBug {
     CommitPreviousTerm,
     /// Grant votes without checking that the candidate's log is up to date (§5.4.1).
     VoteIgnoresLog,
+    /// Answer ReadIndex at once, without confirming leadership with a heartbeat round (§6.4).
+    ReadSkipsQuorum,
 }
 
 /// Configuration of one node. Build it with [`Config::new`] and adjust fields.
@@ -85,9 +87,7 @@ impl Config {
             return Err(ConfigError("heartbeat interval must be at least one tick"));
         }
         if self.election_timeout_ticks <= self.heartbeat_interval_ticks {
-            return Err(ConfigError(
-                "election timeout must exceed the heartbeat interval",
-            ));
+            return Err(ConfigError("election timeout must exceed the heartbeat interval"));
         }
         if self.max_inflight_msgs == 0 {
             return Err(ConfigError("max in-flight messages must be at least 1"));
@@ -98,9 +98,7 @@ impl Config {
         if self.read_mode == ReadMode::Lease
             && self.lease_margin_ticks >= self.election_timeout_ticks
         {
-            return Err(ConfigError(
-                "lease margin must be shorter than the election timeout",
-            ));
+            return Err(ConfigError("lease margin must be shorter than the election timeout"));
         }
         Ok(())
     }

@@ -66,20 +66,10 @@ impl Raft {
             return;
         }
         let (last_index, last_term) = (self.log.last_index(), self.log.last_term());
-        let voters: Vec<NodeId> = self
-            .tracker
-            .quorum()
-            .voters()
-            .into_iter()
-            .filter(|id| *id != self.id)
-            .collect();
+        let voters: Vec<NodeId> =
+            self.tracker.quorum().voters().into_iter().filter(|id| *id != self.id).collect();
         for to in voters {
-            let body = MessageBody::Vote {
-                pre_vote,
-                last_index,
-                last_term,
-                transfer,
-            };
+            let body = MessageBody::Vote { pre_vote, last_index, last_term, transfer };
             self.send(to, vote_term, body);
         }
     }
@@ -105,11 +95,7 @@ impl Raft {
     }
 
     pub(crate) fn become_leader(&mut self) {
-        assert_eq!(
-            self.role,
-            Role::Candidate,
-            "only a candidate becomes leader"
-        );
+        assert_eq!(self.role, Role::Candidate, "only a candidate becomes leader");
         self.reset(self.term);
         self.role = Role::Leader;
         self.leader = Some(self.id);
@@ -128,9 +114,7 @@ impl Raft {
     /// A message with a higher term arrived. Returns false if it must be ignored.
     pub(crate) fn accept_higher_term(&mut self, msg: &Message) -> bool {
         match msg.body {
-            MessageBody::Vote {
-                pre_vote, transfer, ..
-            } => {
+            MessageBody::Vote { pre_vote, transfer, .. } => {
                 // While a leader is known to be alive (or may hold a lease granted by us before a
                 // restart), refuse to help anyone depose it, unless the leader itself asked.
                 let in_lease = self.cfg.check_quorum
@@ -145,10 +129,7 @@ impl Raft {
                 true
             }
             // A granted pre-vote answers with the future term; it is not a reason to adopt it.
-            MessageBody::VoteResp {
-                pre_vote: true,
-                granted: true,
-            } => true,
+            MessageBody::VoteResp { pre_vote: true, granted: true } => true,
             MessageBody::Append { .. }
             | MessageBody::Heartbeat { .. }
             | MessageBody::Snapshot { .. } => {
@@ -171,17 +152,11 @@ impl Raft {
             {
                 // Without this, a leader partitioned away with check-quorum off never learns the
                 // new term, and a pre-vote cluster can deadlock (etcd raft #5451).
-                let body = MessageBody::AppendResp {
-                    index: self.log.committed(),
-                    reject: None,
-                };
+                let body = MessageBody::AppendResp { index: self.log.committed(), reject: None };
                 self.send(msg.from, self.term, body);
             }
             MessageBody::Vote { pre_vote: true, .. } => {
-                let body = MessageBody::VoteResp {
-                    pre_vote: true,
-                    granted: false,
-                };
+                let body = MessageBody::VoteResp { pre_vote: true, granted: false };
                 self.send(msg.from, self.term, body);
             }
             _ => {}
@@ -190,13 +165,7 @@ impl Raft {
 
     /// RequestVote (§5.2, §5.4.1) and pre-vote (§9.6), at a term no older than ours.
     pub(crate) fn on_vote_request(&mut self, msg: Message) {
-        let MessageBody::Vote {
-            pre_vote,
-            last_index,
-            last_term,
-            ..
-        } = msg.body
-        else {
+        let MessageBody::Vote { pre_vote, last_index, last_term, .. } = msg.body else {
             return;
         };
         let can_vote = self.vote == Some(msg.from)
@@ -205,27 +174,13 @@ impl Raft {
         let up_to_date = self.log.is_up_to_date(last_index, last_term)
             || self.cfg.has_bug(PlantedBugSwitch::VoteIgnoresLog);
         if can_vote && up_to_date {
-            self.send(
-                msg.from,
-                msg.term,
-                MessageBody::VoteResp {
-                    pre_vote,
-                    granted: true,
-                },
-            );
+            self.send(msg.from, msg.term, MessageBody::VoteResp { pre_vote, granted: true });
             if !pre_vote {
                 self.election_elapsed = 0;
                 self.vote = Some(msg.from);
             }
         } else {
-            self.send(
-                msg.from,
-                self.term,
-                MessageBody::VoteResp {
-                    pre_vote,
-                    granted: false,
-                },
-            );
+            self.send(msg.from, self.term, MessageBody::VoteResp { pre_vote, granted: false });
         }
     }
 
@@ -264,11 +219,7 @@ impl Raft {
             if matches!(payload, EntryPayload::ConfChange(_)) {
                 self.pending_conf_index = index;
             }
-            Entry {
-                term,
-                index,
-                payload,
-            }
+            Entry { term, index, payload }
         });
         let entries: Vec<Entry> = entries.collect();
         self.log.append_new(entries);

@@ -7,12 +7,7 @@ use crate::types::{LogIndex, Role};
 impl Raft {
     pub(crate) fn step_follower(&mut self, msg: Message) {
         match msg.body {
-            MessageBody::Append {
-                prev_index,
-                prev_term,
-                entries,
-                commit,
-            } => {
+            MessageBody::Append { prev_index, prev_term, entries, commit } => {
                 self.heard_from_leader(&msg.from);
                 let resp = self.on_append(prev_index, prev_term, &entries, commit);
                 self.send(msg.from, self.term, resp);
@@ -26,14 +21,7 @@ impl Raft {
             MessageBody::Snapshot { snapshot } => {
                 self.heard_from_leader(&msg.from);
                 let index = self.on_snapshot(snapshot);
-                self.send(
-                    msg.from,
-                    self.term,
-                    MessageBody::AppendResp {
-                        index,
-                        reject: None,
-                    },
-                );
+                self.send(msg.from, self.term, MessageBody::AppendResp { index, reject: None });
             }
             MessageBody::TimeoutNow => {
                 // Our leader asks us to take over: campaign now, skipping pre-vote (§3.10).
@@ -59,19 +47,13 @@ impl Raft {
     ) -> MessageBody {
         if prev_index < self.log.committed() {
             // Everything up to our commit index matches any leader's log (§5.4): say how far.
-            return MessageBody::AppendResp {
-                index: self.log.committed(),
-                reject: None,
-            };
+            return MessageBody::AppendResp { index: self.log.committed(), reject: None };
         }
         match self.log.maybe_append(prev_index, prev_term, entries) {
             Some(last_new) => {
                 // Only what we know matches the leader may be committed here.
                 self.log.commit_to(commit.min(last_new));
-                MessageBody::AppendResp {
-                    index: last_new,
-                    reject: None,
-                }
+                MessageBody::AppendResp { index: last_new, reject: None }
             }
             None => {
                 let (index, term) = self

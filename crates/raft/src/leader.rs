@@ -56,7 +56,10 @@ impl Raft {
                 pr.recent_active = true;
                 pr.on_heartbeat_resp();
                 if pr.matched() < self.log.last_index() {
-                    self.maybe_send_append(from, false);
+                    // Appends may have been lost: send one even if it carries no entries. A
+                    // follower missing entries rejects it, and the leader probes back (etcd does
+                    // the same).
+                    self.maybe_send_append(from, true);
                 }
                 self.on_heartbeat_echo(from, seq);
             }
@@ -107,10 +110,7 @@ impl Raft {
         // Fill the window while there is more to send.
         while self.maybe_send_append(from, false) {}
         if self.lead_transferee == Some(from)
-            && self
-                .tracker
-                .progress(from)
-                .is_some_and(|p| p.matched() == self.log.last_index())
+            && self.tracker.progress(from).is_some_and(|p| p.matched() == self.log.last_index())
         {
             self.send_timeout_now(from);
         }
@@ -161,8 +161,7 @@ impl Raft {
             return self.send_snapshot(to);
         };
         let entries = if next >= self.log.first_index() {
-            self.log
-                .slice(next, self.log.last_index(), self.cfg.max_msg_bytes)
+            self.log.slice(next, self.log.last_index(), self.cfg.max_msg_bytes)
         } else {
             Vec::new()
         };
@@ -175,16 +174,7 @@ impl Raft {
             pr.sent_entries(last, bytes);
         }
         let commit = self.log.committed();
-        self.send(
-            to,
-            self.term,
-            MessageBody::Append {
-                prev_index,
-                prev_term,
-                entries,
-                commit,
-            },
-        );
+        self.send(to, self.term, MessageBody::Append { prev_index, prev_term, entries, commit });
         true
     }
 
@@ -239,11 +229,7 @@ impl Raft {
             seq,
             |acked| {
                 let s = quorum.committed_index(|id| {
-                    Some(if id == me {
-                        current.0
-                    } else {
-                        acked.get(&id).map_or(0, |s| s.0)
-                    })
+                    Some(if id == me { current.0 } else { acked.get(&id).map_or(0, |s| s.0) })
                 });
                 crate::message::HeartbeatSeq(s)
             },
@@ -261,6 +247,7 @@ impl Raft {
             self.reads.wait_for_term_commit(req);
         } else if self.tracker.is_sole_voter(self.id)
             || (self.lease_enabled() && self.reads.lease_valid(self.ticks))
+            || self.cfg.has_bug(PlantedBugSwitch::ReadSkipsQuorum)
         {
             self.answer_read(self.log.committed(), req);
         } else {
@@ -270,21 +257,12 @@ impl Raft {
 
     fn answer_read(&mut self, index: LogIndex, req: ReadRequest) {
         match req.from {
-            None => self.read_states.push(ReadState {
-                index,
-                ctx: req.ctx,
-            }),
+            None => self.read_states.push(ReadState { index, ctx: req.ctx }),
             Some(from) if from == self.id => {
-                self.read_states.push(ReadState {
-                    index,
-                    ctx: req.ctx,
-                });
+                self.read_states.push(ReadState { index, ctx: req.ctx });
             }
             Some(from) => {
-                let body = MessageBody::ReadIndexResp {
-                    ctxs: vec![req.ctx],
-                    index,
-                };
+                let body = MessageBody::ReadIndexResp { ctxs: vec![req.ctx], index };
                 self.send(from, Term(0), body);
             }
         }
@@ -297,10 +275,8 @@ impl Raft {
         self.lead_transferee = Some(target);
         // The transfer gets one election timeout to finish.
         self.election_elapsed = 0;
-        let caught_up = self
-            .tracker
-            .progress(target)
-            .is_some_and(|p| p.matched() == self.log.last_index());
+        let caught_up =
+            self.tracker.progress(target).is_some_and(|p| p.matched() == self.log.last_index());
         if caught_up {
             self.send_timeout_now(target);
         } else {

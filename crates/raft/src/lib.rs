@@ -19,17 +19,22 @@
 //! // A one-member cluster elects itself and commits a proposal once its own write is durable.
 //! let conf = ConfState::with_voters([NodeId(1)]);
 //! let mut node = Raft::new(Config::new(NodeId(1)), Persisted::bootstrap(conf)).unwrap();
+//! let mut applied = Vec::new();
+//! let mut drive = |node: &mut Raft, applied: &mut Vec<_>| {
+//!     while node.has_ready() {
+//!         let rd = node.ready();
+//!         // A real driver persists rd.entries and rd.hard_state here, then sends messages.
+//!         applied.extend(rd.committed_entries);
+//!         node.advance();
+//!     }
+//! };
+//! drive(&mut node, &mut applied); // applies the founding configuration
 //! while node.role() != Role::Leader {
 //!     node.tick();
+//!     drive(&mut node, &mut applied);
 //! }
 //! node.propose(Bytes::from_static(b"hello")).unwrap();
-//! let mut applied = Vec::new();
-//! while node.has_ready() {
-//!     let rd = node.ready();
-//!     // A real driver persists rd.entries and rd.hard_state here, then sends messages.
-//!     applied.extend(rd.committed_entries);
-//!     node.advance();
-//! }
+//! drive(&mut node, &mut applied);
 //! assert!(applied.iter().any(|e| e.payload == cairn_raft::EntryPayload::Normal(Bytes::from_static(b"hello"))));
 //! ```
 

@@ -40,17 +40,10 @@ impl RaftLog {
     pub(crate) fn restore(snapshot: Snapshot, entries: Vec<Entry>, commit: LogIndex) -> RaftLog {
         let snap_index = snapshot.meta.index;
         for (i, e) in entries.iter().enumerate() {
-            assert_eq!(
-                e.index,
-                snap_index.plus(1 + i as u64),
-                "persisted entries not contiguous"
-            );
+            assert_eq!(e.index, snap_index.plus(1 + i as u64), "persisted entries not contiguous");
         }
         let last = entries.last().map_or(snap_index, |e| e.index);
-        assert!(
-            commit <= last,
-            "persisted commit {commit} beyond last entry {last}"
-        );
+        assert!(commit <= last, "persisted commit {commit} beyond last entry {last}");
         let committed = commit.max(snap_index);
         RaftLog {
             snapshot,
@@ -67,15 +60,11 @@ impl RaftLog {
     }
 
     pub(crate) fn last_index(&self) -> LogIndex {
-        self.entries
-            .last()
-            .map_or(self.snapshot.meta.index, |e| e.index)
+        self.entries.last().map_or(self.snapshot.meta.index, |e| e.index)
     }
 
     pub(crate) fn last_term(&self) -> Term {
-        self.entries
-            .last()
-            .map_or(self.snapshot.meta.term, |e| e.term)
+        self.entries.last().map_or(self.snapshot.meta.term, |e| e.term)
     }
 
     pub(crate) fn committed(&self) -> LogIndex {
@@ -149,9 +138,7 @@ impl RaftLog {
         }
         let last_new = prev_index.plus(entries.len() as u64);
         // The first entry that is missing here, or that conflicts with ours.
-        let conflict = entries
-            .iter()
-            .position(|e| !self.match_term(e.index, e.term));
+        let conflict = entries.iter().position(|e| !self.match_term(e.index, e.term));
         if let Some(pos) = conflict {
             let from = entries[pos].index;
             assert!(
@@ -177,11 +164,7 @@ impl RaftLog {
         if index <= self.committed {
             return false;
         }
-        assert!(
-            index <= self.last_index(),
-            "commit {index} beyond last {}",
-            self.last_index()
-        );
+        assert!(index <= self.last_index(), "commit {index} beyond last {}", self.last_index());
         self.committed = index;
         true
     }
@@ -239,16 +222,8 @@ impl RaftLog {
         if index <= self.snapshot.meta.index || self.pending_snapshot {
             return false;
         }
-        assert!(
-            index <= self.applied,
-            "compacting to {index} beyond applied {}",
-            self.applied
-        );
-        assert_eq!(
-            self.term(index),
-            Some(snapshot.meta.term),
-            "snapshot term mismatch"
-        );
+        assert!(index <= self.applied, "compacting to {index} beyond applied {}", self.applied);
+        assert_eq!(self.term(index), Some(snapshot.meta.term), "snapshot term mismatch");
         let drop = self.offset(index) + 1;
         self.entries.drain(..drop);
         self.snapshot = snapshot;
@@ -310,24 +285,13 @@ impl RaftLog {
     pub(crate) fn check_invariants(&self) {
         let snap = self.snapshot.meta.index;
         for (i, e) in self.entries.iter().enumerate() {
-            assert_eq!(
-                e.index,
-                snap.plus(1 + i as u64),
-                "log entries not contiguous"
-            );
+            assert_eq!(e.index, snap.plus(1 + i as u64), "log entries not contiguous");
         }
         for w in self.entries.windows(2) {
-            assert!(
-                w[0].term <= w[1].term,
-                "log terms decrease at {}",
-                w[1].index
-            );
+            assert!(w[0].term <= w[1].term, "log terms decrease at {}", w[1].index);
         }
         if let Some(first) = self.entries.first() {
-            assert!(
-                first.term >= self.snapshot.meta.term,
-                "entry term below snapshot term"
-            );
+            assert!(first.term >= self.snapshot.meta.term, "entry term below snapshot term");
         }
         assert!(self.committed <= self.last_index(), "committed beyond log");
         assert!(self.applied <= self.committed, "applied beyond committed");

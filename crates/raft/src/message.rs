@@ -110,13 +110,9 @@ impl Message {
             MessageBody::Append { .. } => "App",
             MessageBody::AppendResp { .. } => "AppResp",
             MessageBody::Vote { pre_vote: true, .. } => "PreVote",
-            MessageBody::Vote {
-                pre_vote: false, ..
-            } => "Vote",
+            MessageBody::Vote { pre_vote: false, .. } => "Vote",
             MessageBody::VoteResp { pre_vote: true, .. } => "PreVoteResp",
-            MessageBody::VoteResp {
-                pre_vote: false, ..
-            } => "VoteResp",
+            MessageBody::VoteResp { pre_vote: false, .. } => "VoteResp",
             MessageBody::Heartbeat { .. } => "Heartbeat",
             MessageBody::HeartbeatResp { .. } => "HeartbeatResp",
             MessageBody::Snapshot { .. } => "Snapshot",

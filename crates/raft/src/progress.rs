@@ -139,18 +139,17 @@ impl Progress {
         true
     }
 
-    /// A heartbeat response proves the follower is reachable: allow the next probe.
+    /// A heartbeat response proves the follower is reachable: allow the next probe, and free one
+    /// slot of a full window, whose Appends may all have been lost.
     pub(crate) fn on_heartbeat_resp(&mut self) {
         self.probe_sent = false;
+        if self.state == ProgressState::Replicate && self.inflights.full() {
+            self.inflights.free_first();
+        }
     }
 
     pub(crate) fn check_invariants(&self) {
-        assert!(
-            self.matched < self.next,
-            "progress match {} >= next {}",
-            self.matched,
-            self.next
-        );
+        assert!(self.matched < self.next, "progress match {} >= next {}", self.matched, self.next);
         if self.state != ProgressState::Replicate {
             assert!(self.inflights.is_empty(), "inflights outside replicate");
         }
@@ -177,11 +176,7 @@ pub struct Inflights {
 
 impl Inflights {
     pub(crate) fn new(window: Window) -> Inflights {
-        Inflights {
-            window,
-            queue: VecDeque::new(),
-            bytes: 0,
-        }
+        Inflights { window, queue: VecDeque::new(), bytes: 0 }
     }
 
     pub(crate) fn full(&self) -> bool {
@@ -206,6 +201,12 @@ impl Inflights {
                 break;
             }
             self.queue.pop_front();
+            self.bytes -= bytes;
+        }
+    }
+
+    pub(crate) fn free_first(&mut self) {
+        if let Some((_, bytes)) = self.queue.pop_front() {
             self.bytes -= bytes;
         }
     }

@@ -94,11 +94,7 @@ impl JointConfig {
 
     /// Every voter of either half.
     pub fn voters(&self) -> BTreeSet<NodeId> {
-        self.incoming
-            .voters
-            .union(&self.outgoing.voters)
-            .copied()
-            .collect()
+        self.incoming.voters.union(&self.outgoing.voters).copied().collect()
     }
 
     pub fn committed_index(&self, acked: impl Fn(NodeId) -> Option<u64>) -> u64 {

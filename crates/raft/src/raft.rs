@@ -13,8 +13,8 @@ use crate::ready::{ReadState, ReadyMark};
 use crate::rng::SplitMix64;
 use crate::tracker::{apply_conf_change, Tracker};
 use crate::types::{
-    ConfChange, ConfState, Entry, EntryPayload, HardState, LogIndex, NodeId, ReadCtx, Role,
-    Snapshot, SnapshotMeta, Term,
+    ConfChange, ConfChangeSingle, ConfState, Entry, EntryPayload, HardState, LogIndex, NodeId,
+    ReadCtx, Role, Snapshot, SnapshotMeta, Term,
 };
 
 /// What a node finds on its disk when it starts: the latest snapshot, the log entries after it,
@@ -28,19 +28,23 @@ pub struct Persisted {
 }
 
 impl Persisted {
-    /// The state of a founding member of a new cluster: an empty log under `conf`.
+    /// The state of a founding member of a new cluster: one committed entry at index 1 that adds
+    /// the founding members. Keeping the founding configuration in the log (as etcd does) means a
+    /// node that joins later learns it by replication like any other change.
     pub fn bootstrap(conf: ConfState) -> Persisted {
-        let meta = SnapshotMeta {
-            index: LogIndex::ZERO,
-            term: Term(0),
-            conf_state: conf,
-        };
+        let changes = conf
+            .voters
+            .iter()
+            .map(|id| ConfChangeSingle::AddVoter(*id))
+            .chain(conf.learners.iter().map(|id| ConfChangeSingle::AddLearner(*id)))
+            .collect();
+        let cc = ConfChange { changes, leave_joint: crate::types::LeaveJoint::Auto };
+        let entry =
+            Entry { term: Term(1), index: LogIndex(1), payload: EntryPayload::ConfChange(cc) };
         Persisted {
-            snapshot: Snapshot {
-                meta,
-                data: Bytes::new(),
-            },
-            ..Persisted::default()
+            hard_state: HardState { term: Term(1), vote: None, commit: LogIndex(1) },
+            snapshot: Snapshot::default(),
+            entries: vec![entry],
         }
     }
 }
@@ -113,17 +117,10 @@ impl Raft {
     /// [`Persisted::bootstrap`].
     pub fn new(cfg: Config, persisted: Persisted) -> Result<Raft, ConfigError> {
         cfg.validate()?;
-        let Persisted {
-            hard_state,
-            snapshot,
-            entries,
-        } = persisted;
+        let Persisted { hard_state, snapshot, entries } = persisted;
         let conf = snapshot.meta.conf_state.clone();
         let log = RaftLog::restore(snapshot, entries, hard_state.commit);
-        let window = Window {
-            max_msgs: cfg.max_inflight_msgs,
-            max_bytes: cfg.max_inflight_bytes,
-        };
+        let window = Window { max_msgs: cfg.max_inflight_msgs, max_bytes: cfg.max_inflight_bytes };
         let tracker = Tracker::new(conf, log.last_index().next(), window);
         let rng = SplitMix64::new(cfg.seed ^ cfg.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let conf_applied_index = log.snapshot().meta.index;
@@ -277,18 +274,8 @@ impl Raft {
     pub fn compact(&mut self, data: Bytes) -> Option<SnapshotMeta> {
         let index = self.log.applied();
         let term = self.log.term(index)?;
-        let meta = SnapshotMeta {
-            index,
-            term,
-            conf_state: self.tracker.conf().clone(),
-        };
-        let result = self
-            .log
-            .compact(Snapshot {
-                meta: meta.clone(),
-                data,
-            })
-            .then_some(meta);
+        let meta = SnapshotMeta { index, term, conf_state: self.tracker.conf().clone() };
+        let result = self.log.compact(Snapshot { meta: meta.clone(), data }).then_some(meta);
         self.check_invariants_debug();
         result
     }
@@ -312,11 +299,7 @@ impl Raft {
     }
 
     pub fn hard_state(&self) -> HardState {
-        HardState {
-            term: self.term,
-            vote: self.vote,
-            commit: self.log.committed(),
-        }
+        HardState { term: self.term, vote: self.vote, commit: self.log.committed() }
     }
 
     pub fn commit_index(&self) -> LogIndex {
@@ -357,9 +340,7 @@ impl Raft {
 
     /// The leader's view of `id`'s log; `None` on non-leaders and for non-members.
     pub fn progress(&self, id: NodeId) -> Option<&Progress> {
-        (self.role == Role::Leader)
-            .then(|| self.tracker.progress(id))
-            .flatten()
+        (self.role == Role::Leader).then(|| self.tracker.progress(id)).flatten()
     }
 
     pub fn lead_transferee(&self) -> Option<NodeId> {
@@ -418,10 +399,7 @@ impl Raft {
             MessageBody::ReadIndex { ctxs } => {
                 if self.role == Role::Leader {
                     for ctx in ctxs {
-                        self.leader_read(ReadRequest {
-                            ctx,
-                            from: Some(msg.from),
-                        });
+                        self.leader_read(ReadRequest { ctx, from: Some(msg.from) });
                     }
                 }
             }
@@ -475,12 +453,7 @@ impl Raft {
     /// Queues a message. Whether it may leave before this node's pending writes are durable is
     /// decided here, once, so the rule cannot be forgotten at a call site.
     pub(crate) fn send(&mut self, to: NodeId, term: Term, body: MessageBody) {
-        let msg = Message {
-            from: self.id,
-            to,
-            term,
-            body,
-        };
+        let msg = Message { from: self.id, to, term, body };
         // A leader's replication traffic may go out before its own fsync (thesis §10.2.1): the
         // leader counts itself toward commit only once its entries are durable. Its term and vote
         // must be durable already, because followers act on the term.
@@ -554,11 +527,7 @@ impl Raft {
                 assert_eq!(self.vote, Some(self.id), "leader did not vote for itself");
             }
             Role::Candidate => {
-                assert_eq!(
-                    self.vote,
-                    Some(self.id),
-                    "candidate did not vote for itself"
-                );
+                assert_eq!(self.vote, Some(self.id), "candidate did not vote for itself");
                 assert_eq!(self.leader, None, "candidate knows a leader");
             }
             Role::PreCandidate => assert_eq!(self.leader, None, "pre-candidate knows a leader"),

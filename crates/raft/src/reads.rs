@@ -72,11 +72,7 @@ impl ReadOnly {
         self.sent.push_back((self.seq, now_tick));
         if !self.queued.is_empty() {
             let requests = std::mem::take(&mut self.queued);
-            self.rounds.push_back(Round {
-                seq: self.seq,
-                index: commit,
-                requests,
-            });
+            self.rounds.push_back(Round { seq: self.seq, index: commit, requests });
         }
         self.seq
     }
@@ -118,10 +114,7 @@ impl ReadOnly {
     pub(crate) fn prune(&mut self, now_tick: u64, lease_ticks: u64) {
         // Keep the newest entry so that a late quorum of echoes can still be matched.
         while self.sent.len() > 1
-            && self
-                .sent
-                .front()
-                .is_some_and(|(_, t)| t + lease_ticks <= now_tick)
+            && self.sent.front().is_some_and(|(_, t)| t + lease_ticks <= now_tick)
         {
             self.sent.pop_front();
         }
@@ -143,13 +136,7 @@ impl ReadOnly {
         for w in self.rounds.iter().collect::<Vec<_>>().windows(2) {
             assert!(w[0].seq < w[1].seq, "read rounds out of order");
         }
-        assert!(
-            self.rounds.iter().all(|r| r.seq <= self.seq),
-            "round from the future"
-        );
-        assert!(
-            self.sent.iter().all(|(s, _)| *s <= self.seq),
-            "broadcast from the future"
-        );
+        assert!(self.rounds.iter().all(|r| r.seq <= self.seq), "round from the future");
+        assert!(self.sent.iter().all(|(s, _)| *s <= self.seq), "broadcast from the future");
     }
 }

@@ -28,8 +28,9 @@ pub struct SoftState {
 ///
 /// 1. Send `messages_now`. They may go out before, or while, step 2 runs.
 /// 2. Persist, durably (fsync) and atomically enough that a crash leaves either the old or new
-///    state of each item: `snapshot`, then `entries`, then `hard_state`. `entries[0]` may start at
-///    or below the last persisted index: discard the persisted suffix from there first.
+///    state of each item: `snapshot`, then `entries`, then `hard_state`. A snapshot replaces the
+///    whole persisted log. `entries[0]` may start at or below the last persisted index: discard
+///    the persisted suffix from there first.
 /// 3. Send `messages_after_persist`. They promise what step 2 wrote (votes, acknowledgements),
 ///    so they must never leave before it is durable.
 /// 4. Apply `snapshot` (if any), then `committed_entries`, in order, to the state machine.
@@ -92,20 +93,15 @@ impl Raft {
     /// # Panics
     /// If the previous `Ready` was not advanced.
     pub fn ready(&mut self) -> Ready {
-        assert!(
-            self.pending_ready.is_none(),
-            "ready() called before advance()"
-        );
+        assert!(self.pending_ready.is_none(), "ready() called before advance()");
         self.flush();
         let (snapshot, entries, committed_entries, log_mark) = self.log.take_ready();
         let hs = self.hard_state();
         let hard_state = (hs != self.last_hard_state).then_some(hs);
         self.last_hard_state = hs;
         let soft = (self.role, self.leader);
-        let soft_state = (soft != self.last_soft).then_some(SoftState {
-            role: soft.0,
-            leader: soft.1,
-        });
+        let soft_state =
+            (soft != self.last_soft).then_some(SoftState { role: soft.0, leader: soft.1 });
         self.last_soft = soft;
         let conf_changes = committed_entries
             .iter()
@@ -114,11 +110,7 @@ impl Raft {
                 EntryPayload::Normal(_) => None,
             })
             .collect();
-        self.pending_ready = Some(ReadyMark {
-            log: log_mark,
-            hard_state: hs,
-            conf_changes,
-        });
+        self.pending_ready = Some(ReadyMark { log: log_mark, hard_state: hs, conf_changes });
         Ready {
             messages_now: std::mem::take(&mut self.msgs_now),
             snapshot,
@@ -137,10 +129,7 @@ impl Raft {
     /// # Panics
     /// If there is no outstanding `Ready`.
     pub fn advance(&mut self) {
-        let mark = self
-            .pending_ready
-            .take()
-            .expect("advance() without a ready()");
+        let mark = self.pending_ready.take().expect("advance() without a ready()");
         self.log.advance(mark.log);
         self.durable_term = self.durable_term.max(mark.hard_state.term);
         for (index, cc) in mark.conf_changes {
@@ -174,16 +163,15 @@ impl Raft {
         if self.role != Role::Leader {
             return;
         }
+        // The lease was earned from a quorum of the old configuration; earn it again.
+        self.reads.revoke_lease();
         if !self.tracker.is_voter(self.id) {
             // Removed or demoted: a leader outside the configuration steps down.
             self.become_follower(self.term, None);
             return;
         }
         if auto_leave && self.pending_conf_index <= self.log.applied() {
-            let leave = ConfChange {
-                changes: Vec::new(),
-                leave_joint: LeaveJoint::Auto,
-            };
+            let leave = ConfChange { changes: Vec::new(), leave_joint: LeaveJoint::Auto };
             self.append_payloads(vec![EntryPayload::ConfChange(leave)]);
         }
         // A shrunken quorum may commit more now.
@@ -199,11 +187,7 @@ impl Raft {
             let ctxs = std::mem::take(&mut self.forward_reads);
             match self.leader {
                 Some(leader) => {
-                    self.send(
-                        leader,
-                        crate::types::Term(0),
-                        MessageBody::ReadIndex { ctxs },
-                    );
+                    self.send(leader, crate::types::Term(0), MessageBody::ReadIndex { ctxs });
                 }
                 // The leader was lost since the reads were accepted; the driver's request times
                 // out and retries, as with any read the old leader never answered.

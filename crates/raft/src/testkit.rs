@@ -26,15 +26,10 @@ impl MemStorage {
     /// Writes what a `Ready` asks to persist, in the documented order.
     pub fn persist(&mut self, rd: &Ready) {
         if let Some(snap) = &rd.snapshot {
+            // A snapshot replaces the whole log: entries after it on disk may be from a
+            // conflicting term, and the core cleared them too.
             self.snapshot = snap.clone();
-            self.entries.retain(|e| e.index > snap.meta.index);
-            if self
-                .entries
-                .first()
-                .is_some_and(|e| e.index != snap.meta.index.next())
-            {
-                self.entries.clear();
-            }
+            self.entries.clear();
         }
         if let Some(first) = rd.entries.first() {
             self.entries.retain(|e| e.index < first.index);
@@ -57,6 +52,12 @@ impl MemStorage {
             snapshot: self.snapshot.clone(),
             entries: self.entries.clone(),
         }
+    }
+}
+
+impl From<Persisted> for MemStorage {
+    fn from(p: Persisted) -> MemStorage {
+        MemStorage { hard_state: p.hard_state, snapshot: p.snapshot, entries: p.entries }
     }
 }
 
@@ -96,10 +97,7 @@ impl AppliedLog {
             let len = u32::from_be_bytes(take(&mut raw, 4)?.try_into().ok()?) as usize;
             data.push(Bytes::from(take(&mut raw, len)?));
         }
-        Some(AppliedLog {
-            applied: LogIndex(applied),
-            data,
-        })
+        Some(AppliedLog { applied: LogIndex(applied), data })
     }
 
     /// Applies a snapshot, then committed entries, as a `Ready` asks.
@@ -139,24 +137,13 @@ impl MemNode {
         if storage.snapshot.meta.index > LogIndex::ZERO {
             state = AppliedLog::decode(&storage.snapshot.data).unwrap_or_default();
         }
-        MemNode {
-            raft,
-            storage,
-            state,
-            read_states: Vec::new(),
-            cfg,
-        }
+        MemNode { raft, storage, state, read_states: Vec::new(), cfg }
     }
 
     /// A founding member of a cluster of `voters`.
     pub fn bootstrap(cfg: Config, voters: &[NodeId]) -> MemNode {
         let conf = ConfState::with_voters(voters.iter().copied());
-        let p = Persisted::bootstrap(conf);
-        let storage = MemStorage {
-            snapshot: p.snapshot,
-            ..MemStorage::default()
-        };
-        MemNode::new(cfg, storage)
+        MemNode::new(cfg, MemStorage::from(Persisted::bootstrap(conf)))
     }
 
     /// Handles one `Ready` if there is one: persist, apply, advance. Returns its messages.
@@ -168,11 +155,7 @@ impl MemNode {
         self.storage.persist(&rd);
         self.state.apply(&rd);
         self.read_states.extend(rd.read_states.iter().cloned());
-        let msgs = rd
-            .messages_now
-            .into_iter()
-            .chain(rd.messages_after_persist)
-            .collect();
+        let msgs = rd.messages_now.into_iter().chain(rd.messages_after_persist).collect();
         self.raft.advance();
         Some(msgs)
     }
@@ -205,22 +188,17 @@ impl Cluster {
     /// A new cluster whose founding voters are `voters`, each configured by `cfg`.
     pub fn new(voters: &[u64], cfg: impl Fn(NodeId) -> Config) -> Cluster {
         let ids: Vec<NodeId> = voters.iter().map(|&v| NodeId(v)).collect();
-        let nodes = ids
-            .iter()
-            .map(|&id| (id, MemNode::bootstrap(cfg(id), &ids)))
-            .collect();
-        Cluster {
-            nodes,
-            in_flight: VecDeque::new(),
-            cut: BTreeSet::new(),
-        }
+        let nodes = ids.iter().map(|&id| (id, MemNode::bootstrap(cfg(id), &ids))).collect();
+        let mut c = Cluster { nodes, in_flight: VecDeque::new(), cut: BTreeSet::new() };
+        // Apply the founding configuration entry, so nodes know they are voters.
+        c.stabilize();
+        c
     }
 
     /// A node that joins later: empty disk, no configuration until the leader sends one.
     pub fn add_empty_node(&mut self, cfg: Config) {
         let id = cfg.id;
-        self.nodes
-            .insert(id, MemNode::new(cfg, MemStorage::default()));
+        self.nodes.insert(id, MemNode::new(cfg, MemStorage::default()));
     }
 
     pub fn node(&self, id: u64) -> &MemNode {

@@ -38,7 +38,8 @@ pub fn apply_conf_change(cs: &ConfState, cc: &ConfChange) -> Result<ConfState, C
     }
     let mut next = cs.clone();
     let old_voters = cs.voters.clone();
-    let joint = {
+    // From no voters at all (bootstrap) there is no old majority to protect: apply directly.
+    let joint = !old_voters.is_empty() && {
         let mut incoming = cs.voters.clone();
         for c in &cc.changes {
             match *c {
@@ -178,10 +179,7 @@ impl Tracker {
 
     /// The highest index a quorum of voters has persisted.
     pub(crate) fn committed_index(&self) -> LogIndex {
-        LogIndex(
-            self.quorum
-                .committed_index(|id| self.progress.get(&id).map(|p| p.matched().0)),
-        )
+        LogIndex(self.quorum.committed_index(|id| self.progress.get(&id).map(|p| p.matched().0)))
     }
 
     pub(crate) fn reset_votes(&mut self) {
@@ -217,25 +215,12 @@ impl Tracker {
         );
         for (id, pr) in &self.progress {
             pr.check_invariants();
-            assert_eq!(
-                pr.is_learner,
-                !self.quorum.contains(*id),
-                "learner flag of {id} wrong"
-            );
+            assert_eq!(pr.is_learner, !self.quorum.contains(*id), "learner flag of {id} wrong");
         }
         let c = &self.conf;
         assert!(c.voters.is_disjoint(&c.learners), "voter is also a learner");
-        assert!(
-            c.voters.is_disjoint(&c.learners_next),
-            "voter is also a next learner"
-        );
-        assert!(
-            c.voters_outgoing.is_disjoint(&c.learners),
-            "outgoing voter is a learner"
-        );
-        assert!(
-            c.is_joint() || c.learners_next.is_empty(),
-            "learners_next outside joint"
-        );
+        assert!(c.voters.is_disjoint(&c.learners_next), "voter is also a next learner");
+        assert!(c.voters_outgoing.is_disjoint(&c.learners), "outgoing voter is a learner");
+        assert!(c.is_joint() || c.learners_next.is_empty(), "learners_next outside joint");
     }
 }

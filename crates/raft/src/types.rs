@@ -27,11 +27,11 @@ impl Term {
 impl LogIndex {
     pub const ZERO: LogIndex = LogIndex(0);
 
-    pub(crate) fn next(self) -> LogIndex {
+    pub fn next(self) -> LogIndex {
         LogIndex(self.0 + 1)
     }
 
-    pub(crate) fn prev(self) -> LogIndex {
+    pub fn prev(self) -> LogIndex {
         LogIndex(self.0.saturating_sub(1))
     }
 
@@ -137,10 +137,7 @@ pub struct ConfState {
 impl ConfState {
     /// A plain configuration of voters, as used to bootstrap a new cluster.
     pub fn with_voters(voters: impl IntoIterator<Item = NodeId>) -> ConfState {
-        ConfState {
-            voters: voters.into_iter().collect(),
-            ..ConfState::default()
-        }
+        ConfState { voters: voters.into_iter().collect(), ..ConfState::default() }
     }
 
     pub fn is_joint(&self) -> bool {

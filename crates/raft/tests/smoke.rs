@@ -5,10 +5,7 @@ use cairn_raft::testkit::Cluster;
 use cairn_raft::{Config, NodeId, Role};
 
 fn cfg(id: NodeId) -> Config {
-    Config {
-        seed: 7,
-        ..Config::new(id)
-    }
+    Config { seed: 7, ..Config::new(id) }
 }
 
 #[test]
@@ -20,10 +17,7 @@ fn three_nodes_elect_replicate_and_apply() {
     c.raft(2).propose(Bytes::from_static(b"b")).unwrap(); // forwarded
     c.stabilize();
     for id in 1..=3 {
-        assert_eq!(
-            c.node(id).state.data,
-            vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]
-        );
+        assert_eq!(c.node(id).state.data, vec![Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
     }
 }
 
@@ -40,11 +34,7 @@ fn new_leader_after_isolation_keeps_committed_entries() {
     }
     let leader = c.leader().expect("a new leader");
     assert_ne!(leader, NodeId(1));
-    assert_ne!(
-        c.node(1).raft.role(),
-        Role::Leader,
-        "check-quorum deposes the isolated leader"
-    );
+    assert_ne!(c.node(1).raft.role(), Role::Leader, "check-quorum deposes the isolated leader");
     c.heal();
     c.raft(leader.0).propose(Bytes::from_static(b"y")).unwrap();
     for _ in 0..20 {
@@ -52,9 +42,6 @@ fn new_leader_after_isolation_keeps_committed_entries() {
         c.stabilize();
     }
     for id in 1..=3 {
-        assert_eq!(
-            c.node(id).state.data,
-            vec![Bytes::from_static(b"x"), Bytes::from_static(b"y")]
-        );
+        assert_eq!(c.node(id).state.data, vec![Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
     }
 }

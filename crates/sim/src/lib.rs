@@ -1,0 +1,159 @@
+//! A deterministic simulator for cairn's Raft core.
+//!
+//! It runs real [`cairn_raft::Raft`] cores on one thread from one seed over a simulated network,
+//! disk and clock, injects faults, and checks the safety properties of the Raft paper after every
+//! step; then it heals everything and requires liveness. A failing seed replays exactly with
+//! `cargo run -p cairn-sim --release -- --seed S` and the same options.
+
+pub mod checker;
+pub mod network;
+pub mod node;
+pub mod rng;
+pub mod world;
+
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use cairn_raft::ReadMode;
+
+/// What one run simulates.
+#[derive(Clone, Debug)]
+pub struct Options {
+    pub seed: u64,
+    /// Founding voters (3 or 5).
+    pub voters: usize,
+    /// Extra nodes, outside the configuration at first, that membership changes may add.
+    pub spares: usize,
+    pub read_mode: ReadMode,
+    pub membership: bool,
+    /// Length of the fault phase, in ticks of the nominal clock.
+    pub fault_ticks: u64,
+    /// How long, after faults stop, a leader has to commit and every member to converge.
+    pub liveness_ticks: u64,
+    /// Chance per time unit that a client proposes, and reads.
+    pub propose_rate: f64,
+    pub read_rate: f64,
+    pub bug: Option<cairn_raft::PlantedBug>,
+    /// Byte limit of one Append; small values send entries one by one, which opens the windows
+    /// where an old-term entry reaches a majority before the new leader's own entry does.
+    pub max_msg_bytes: u64,
+    /// Multiplies the rate of crashes and partitions.
+    pub chaos: f64,
+    /// Print every delivery and state change (for replaying one seed).
+    pub trace: bool,
+}
+
+impl Options {
+    /// The default mix for a seed: 3 or 5 voters and lease or ReadIndex reads, chosen by the seed
+    /// so that a range of seeds covers every combination.
+    pub fn for_seed(seed: u64) -> Options {
+        Options {
+            seed,
+            voters: if seed % 2 == 0 { 3 } else { 5 },
+            spares: 2,
+            read_mode: if seed % 3 == 0 { ReadMode::Lease } else { ReadMode::Safe },
+            membership: true,
+            fault_ticks: 600,
+            liveness_ticks: 200,
+            propose_rate: 0.05,
+            read_rate: 0.03,
+            bug: None,
+            trace: false,
+            max_msg_bytes: 256,
+            chaos: 1.0,
+        }
+    }
+}
+
+/// Counters of what a run exercised, so a green run can be seen to have done something.
+#[derive(Clone, Debug, Default)]
+pub struct Stats {
+    pub proposals: u64,
+    pub acked: u64,
+    pub reads: u64,
+    pub elections: u64,
+    pub crashes: u64,
+    pub restarts: u64,
+    pub partitions: u64,
+    pub conf_changes: u64,
+    pub transfers: u64,
+    pub compactions: u64,
+    pub messages: u64,
+}
+
+impl Stats {
+    pub fn add(&mut self, o: &Stats) {
+        self.proposals += o.proposals;
+        self.acked += o.acked;
+        self.reads += o.reads;
+        self.elections += o.elections;
+        self.crashes += o.crashes;
+        self.restarts += o.restarts;
+        self.partitions += o.partitions;
+        self.conf_changes += o.conf_changes;
+        self.transfers += o.transfers;
+        self.compactions += o.compactions;
+        self.messages += o.messages;
+    }
+}
+
+/// A failed run: the seed, the simulated time, and what went wrong.
+#[derive(Clone, Debug)]
+pub struct Failure {
+    pub seed: u64,
+    pub time: u64,
+    pub what: String,
+}
+
+thread_local! {
+    /// The simulated time of the run on this thread, so a panic can say when it struck.
+    pub(crate) static NOW: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// Runs one seed. A panic inside the core (a failed invariant assertion) is a failure too.
+pub fn run(opts: Options) -> Result<Stats, Failure> {
+    let seed = opts.seed;
+    NOW.with(|n| n.set(0));
+    match catch_unwind(AssertUnwindSafe(|| world::World::new(opts).run())) {
+        Ok(Ok(stats)) => Ok(stats),
+        Ok(Err((time, v))) => Err(Failure { seed, time, what: v.0 }),
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "panic".to_string());
+            let time = NOW.with(|n| n.get());
+            Err(Failure { seed, time, what: format!("panic in the core: {what}") })
+        }
+    }
+}
+
+/// Runs many seeds on `threads` threads; returns the totals and every failure, by seed.
+pub fn run_many(
+    seeds: std::ops::RangeInclusive<u64>,
+    threads: usize,
+    make: impl Fn(u64) -> Options + Sync,
+) -> (Stats, Vec<Failure>) {
+    let next = std::sync::atomic::AtomicU64::new(*seeds.start());
+    let end = *seeds.end();
+    let results = std::sync::Mutex::new((Stats::default(), Vec::new()));
+    std::thread::scope(|s| {
+        for _ in 0..threads.max(1) {
+            s.spawn(|| loop {
+                let seed = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                if seed > end {
+                    return;
+                }
+                let outcome = run(make(seed));
+                let mut r = results.lock().unwrap_or_else(|e| e.into_inner());
+                match outcome {
+                    Ok(stats) => r.0.add(&stats),
+                    Err(f) => r.1.push(f),
+                }
+            });
+        }
+    });
+    let (stats, mut failures) = results.into_inner().unwrap_or_else(|e| e.into_inner());
+    failures.sort_by_key(|f| f.seed);
+    (stats, failures)
+}
