@@ -121,6 +121,7 @@ impl Config {
 pub(crate) enum PlantedBugNever {
     CommitPreviousTerm,
     VoteIgnoresLog,
+    ReadSkipsQuorum,
 }
 
 #[cfg(feature = "planted-bugs")]

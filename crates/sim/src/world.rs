@@ -223,7 +223,10 @@ impl World {
         if self.rng.chance(0.01) {
             if let Some(&id) = self.rng.pick(&up) {
                 let node = self.nodes.get_mut(&id).expect("picked from nodes");
-                let lag = node.raft.as_ref().map_or(0, |r| r.applied_index().0 - r.first_index().0);
+                let lag = node
+                    .raft
+                    .as_ref()
+                    .map_or(0, |r| r.applied_index().0.saturating_sub(r.first_index().0));
                 if lag > 20 {
                     node.compact();
                     self.stats.compactions += 1;

@@ -1,0 +1,24 @@
+//! A quick batch of seeds on every build; CI runs the full 1,000+ seed batch through the binary.
+
+use cairn_raft::ReadMode;
+use cairn_sim::{run_many, Options};
+
+#[test]
+fn a_hundred_seeds_mixed_sizes_and_read_modes_pass() {
+    let (stats, failures) = run_many(1..=100, 2, Options::for_seed);
+    assert!(failures.is_empty(), "failures: {failures:#?}");
+    // A run that exercised nothing proves nothing.
+    assert!(stats.elections > 100 && stats.acked > 1_000 && stats.reads > 1_000, "{stats:?}");
+    assert!(stats.crashes > 0 && stats.partitions > 0 && stats.conf_changes > 0, "{stats:?}");
+    assert!(stats.transfers > 0 && stats.compactions > 0, "{stats:?}");
+}
+
+#[test]
+fn lease_reads_stay_linearizable_under_heavy_faults() {
+    let (_, failures) = run_many(1..=60, 2, |seed| Options {
+        read_mode: ReadMode::Lease,
+        chaos: 10.0,
+        ..Options::for_seed(seed)
+    });
+    assert!(failures.is_empty(), "failures: {failures:#?}");
+}
