@@ -105,7 +105,8 @@ impl Raft {
         if self.maybe_commit() {
             self.bcast_append();
         } else if was_paused {
-            self.maybe_send_append(from, false);
+            // It was skipped while paused, so it may not know the commit index: tell it.
+            self.maybe_send_append(from, true);
         }
         // Fill the window while there is more to send.
         while self.maybe_send_append(from, false) {}

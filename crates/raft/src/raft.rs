@@ -396,11 +396,9 @@ impl Raft {
                     self.send(leader, Term(0), MessageBody::Propose { payloads });
                 }
             }
-            MessageBody::ReadIndex { ctxs } => {
-                if self.role == Role::Leader {
-                    for ctx in ctxs {
-                        self.leader_read(ReadRequest { ctx, from: Some(msg.from) });
-                    }
+            MessageBody::ReadIndex { ctxs } if self.role == Role::Leader => {
+                for ctx in ctxs {
+                    self.leader_read(ReadRequest { ctx, from: Some(msg.from) });
                 }
             }
             MessageBody::ReadIndexResp { ctxs, index } => {
@@ -408,10 +406,10 @@ impl Raft {
                     self.read_states.push(ReadState { index, ctx });
                 }
             }
-            MessageBody::TransferLeader { target } => {
-                if self.role == Role::Leader && self.tracker.is_voter(target) {
-                    self.start_transfer(target);
-                }
+            MessageBody::TransferLeader { target }
+                if self.role == Role::Leader && self.tracker.is_voter(target) =>
+            {
+                self.start_transfer(target);
             }
             _ => {}
         }

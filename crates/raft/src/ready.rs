@@ -174,10 +174,10 @@ impl Raft {
             let leave = ConfChange { changes: Vec::new(), leave_joint: LeaveJoint::Auto };
             self.append_payloads(vec![EntryPayload::ConfChange(leave)]);
         }
-        // A shrunken quorum may commit more now.
-        if self.maybe_commit() {
-            self.needs_bcast = true;
-        }
+        // New members start probing now rather than at the next proposal, and a shrunken
+        // quorum may commit more.
+        self.maybe_commit();
+        self.needs_bcast = true;
     }
 
     fn flush(&mut self) {
