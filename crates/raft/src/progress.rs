@@ -216,3 +216,102 @@ impl Inflights {
         self.bytes = 0;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::VecDeque;
+
+    use proptest::prelude::*;
+
+    use super::*;
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Send { entries: u64, bytes: u64 },
+        Ack(u64),
+        Reject { rejected: u64, hint: u64 },
+        Heartbeat,
+        Probe,
+        Replicate,
+        Snapshot(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            (0u64..4, 1u64..50).prop_map(|(entries, bytes)| Op::Send { entries, bytes }),
+            (0u64..40).prop_map(Op::Ack),
+            (0u64..40, 0u64..40).prop_map(|(rejected, hint)| Op::Reject { rejected, hint }),
+            Just(Op::Heartbeat),
+            Just(Op::Probe),
+            Just(Op::Replicate),
+            (0u64..40).prop_map(Op::Snapshot),
+        ]
+    }
+
+    proptest! {
+        /// The window agrees with a plain queue of (last index, bytes), and the progress
+        /// invariants (`matched < next`, no in-flight Appends outside replicate) always hold.
+        #[test]
+        fn progress_and_window_match_a_naive_model(ops in prop::collection::vec(op(), 1..80)) {
+            let window = Window { max_msgs: 3, max_bytes: 100 };
+            let mut pr = Progress::new(LogIndex(1), false, window);
+            let mut naive: VecDeque<(u64, u64)> = VecDeque::new();
+            let mut last_index = 10u64;
+            for op in ops {
+                match op {
+                    Op::Send { entries, bytes } => {
+                        if pr.is_paused() {
+                            continue;
+                        }
+                        let last = (entries > 0).then(|| LogIndex(pr.next().0 + entries - 1));
+                        if let Some(l) = last {
+                            last_index = last_index.max(l.0);
+                            if pr.state() == &ProgressState::Replicate {
+                                naive.push_back((l.0, bytes));
+                            }
+                        }
+                        pr.sent_entries(last, bytes);
+                    }
+                    Op::Ack(i) => {
+                        let i = i.min(last_index);
+                        pr.maybe_update(LogIndex(i));
+                        naive.retain(|(l, _)| *l > i);
+                    }
+                    Op::Reject { rejected, hint } => {
+                        if pr.maybe_decr_to(LogIndex(rejected), LogIndex(hint))
+                            && pr.state() == &ProgressState::Replicate
+                        {
+                            pr.become_probe();
+                            naive.clear();
+                        }
+                    }
+                    Op::Heartbeat => {
+                        let was_full = pr.state() == &ProgressState::Replicate && pr.inflights.full();
+                        pr.on_heartbeat_resp();
+                        if was_full {
+                            naive.pop_front();
+                        }
+                    }
+                    Op::Probe => {
+                        pr.become_probe();
+                        naive.clear();
+                    }
+                    Op::Replicate => {
+                        pr.become_replicate();
+                        naive.clear();
+                    }
+                    Op::Snapshot(i) => {
+                        pr.become_snapshot(LogIndex(i));
+                        naive.clear();
+                    }
+                }
+                pr.check_invariants();
+                let naive_bytes: u64 = naive.iter().map(|(_, b)| b).sum();
+                let naive_full = naive.len() >= 3 || naive_bytes >= 100;
+                prop_assert_eq!(pr.inflights.full(), naive_full);
+                prop_assert_eq!(pr.inflights.is_empty(), naive.is_empty());
+                prop_assert_eq!(pr.inflights.bytes, naive_bytes);
+            }
+        }
+    }
+}
