@@ -12,83 +12,98 @@ use crate::types::{ConfChange, ConfChangeSingle, ConfState, LeaveJoint, LogIndex
 /// Pure, so the leader validates a proposal with the same code every node later applies it with.
 pub fn apply_conf_change(cs: &ConfState, cc: &ConfChange) -> Result<ConfState, ConfChangeError> {
     if cc.changes.is_empty() {
-        if !cs.is_joint() {
-            return Err(ConfChangeError::NotJoint);
-        }
-        let mut next = cs.clone();
-        next.voters_outgoing.clear();
-        let promoted = std::mem::take(&mut next.learners_next);
-        next.learners.extend(promoted);
-        next.auto_leave = false;
-        return Ok(next);
+        return leave_joint(cs);
     }
     if cs.is_joint() {
         return Err(ConfChangeError::AlreadyJoint);
     }
-    let mut seen = BTreeSet::new();
-    for c in &cc.changes {
-        let id = match c {
-            ConfChangeSingle::AddVoter(id)
-            | ConfChangeSingle::AddLearner(id)
-            | ConfChangeSingle::Remove(id) => *id,
-        };
-        if !seen.insert(id) {
-            return Err(ConfChangeError::DuplicateNode(id));
-        }
-    }
+    check_distinct(&cc.changes)?;
     let mut next = cs.clone();
-    let old_voters = cs.voters.clone();
     // From no voters at all (bootstrap) there is no old majority to protect: apply directly.
-    let joint = !old_voters.is_empty() && {
-        let mut incoming = cs.voters.clone();
-        for c in &cc.changes {
-            match *c {
-                ConfChangeSingle::AddVoter(id) => {
-                    incoming.insert(id);
-                }
-                ConfChangeSingle::AddLearner(id) | ConfChangeSingle::Remove(id) => {
-                    incoming.remove(&id);
-                }
-            }
-        }
-        incoming.symmetric_difference(&old_voters).count() > 1
-    };
-    if joint {
-        next.voters_outgoing = old_voters;
+    // Otherwise more than one voter changing needs a joint configuration (thesis §4.3).
+    let incoming = incoming_voters(&cs.voters, &cc.changes);
+    if !cs.voters.is_empty() && incoming.symmetric_difference(&cs.voters).count() > 1 {
+        next.voters_outgoing = cs.voters.clone();
         next.auto_leave = cc.leave_joint == LeaveJoint::Auto;
     }
-    for c in &cc.changes {
-        match *c {
-            ConfChangeSingle::AddVoter(id) => {
-                next.learners.remove(&id);
-                next.learners_next.remove(&id);
-                next.voters.insert(id);
-            }
-            ConfChangeSingle::AddLearner(id) => {
-                next.voters.remove(&id);
-                next.learners.remove(&id);
-                next.learners_next.remove(&id);
-                // A voter of the outgoing half stays a voter until the joint config is left.
-                if next.voters_outgoing.contains(&id) {
-                    next.learners_next.insert(id);
-                } else {
-                    next.learners.insert(id);
-                }
-            }
-            ConfChangeSingle::Remove(id) => {
-                if !cs.members().contains(&id) {
-                    return Err(ConfChangeError::NotMember(id));
-                }
-                next.voters.remove(&id);
-                next.learners.remove(&id);
-                next.learners_next.remove(&id);
-            }
-        }
+    for change in &cc.changes {
+        apply_single(cs, &mut next, *change)?;
     }
     if next.voters.is_empty() {
         return Err(ConfChangeError::NoVoters);
     }
     Ok(next)
+}
+
+/// Leaves a joint configuration: the incoming voters stay, outgoing voters marked to become
+/// learners become learners.
+fn leave_joint(cs: &ConfState) -> Result<ConfState, ConfChangeError> {
+    if !cs.is_joint() {
+        return Err(ConfChangeError::NotJoint);
+    }
+    let mut next = cs.clone();
+    next.voters_outgoing.clear();
+    let demoted = std::mem::take(&mut next.learners_next);
+    next.learners.extend(demoted);
+    next.auto_leave = false;
+    Ok(next)
+}
+
+fn target(change: ConfChangeSingle) -> NodeId {
+    match change {
+        ConfChangeSingle::AddVoter(id)
+        | ConfChangeSingle::AddLearner(id)
+        | ConfChangeSingle::Remove(id) => id,
+    }
+}
+
+fn check_distinct(changes: &[ConfChangeSingle]) -> Result<(), ConfChangeError> {
+    let mut seen = BTreeSet::new();
+    for c in changes {
+        if !seen.insert(target(*c)) {
+            return Err(ConfChangeError::DuplicateNode(target(*c)));
+        }
+    }
+    Ok(())
+}
+
+fn incoming_voters(voters: &BTreeSet<NodeId>, changes: &[ConfChangeSingle]) -> BTreeSet<NodeId> {
+    let mut incoming = voters.clone();
+    for c in changes {
+        match *c {
+            ConfChangeSingle::AddVoter(id) => incoming.insert(id),
+            ConfChangeSingle::AddLearner(id) | ConfChangeSingle::Remove(id) => incoming.remove(&id),
+        };
+    }
+    incoming
+}
+
+fn apply_single(
+    old: &ConfState,
+    next: &mut ConfState,
+    change: ConfChangeSingle,
+) -> Result<(), ConfChangeError> {
+    let id = target(change);
+    next.voters.remove(&id);
+    next.learners.remove(&id);
+    next.learners_next.remove(&id);
+    match change {
+        ConfChangeSingle::AddVoter(_) => {
+            next.voters.insert(id);
+        }
+        // A voter of the outgoing half stays a voter until the joint config is left.
+        ConfChangeSingle::AddLearner(_) if next.voters_outgoing.contains(&id) => {
+            next.learners_next.insert(id);
+        }
+        ConfChangeSingle::AddLearner(_) => {
+            next.learners.insert(id);
+        }
+        ConfChangeSingle::Remove(_) if !old.members().contains(&id) => {
+            return Err(ConfChangeError::NotMember(id));
+        }
+        ConfChangeSingle::Remove(_) => {}
+    }
+    Ok(())
 }
 
 /// The active configuration with the leader's per-member progress and the current election's

@@ -87,7 +87,7 @@ impl Entry {
     }
 }
 
-/// A request to change membership, proposed with [`crate::RawNode::propose_conf_change`].
+/// A request to change membership, proposed with [`crate::Raft::propose_conf_change`].
 ///
 /// An empty `changes` list leaves a joint configuration. One change that adds or removes at most
 /// one voter is applied directly ("single-member change", thesis §4.1); anything else enters a

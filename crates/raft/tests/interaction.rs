@@ -175,6 +175,22 @@ fn fmt_ready(id: u64, rd: &Ready, out: &mut String) {
     }
 }
 
+fn parse_conf_change(args: &[&str]) -> ConfChange {
+    let mut cc = ConfChange::default();
+    for a in args {
+        let (kind, n) = a.split_at(1);
+        let target = || NodeId(n.parse().expect("node id"));
+        match kind {
+            "v" => cc.changes.push(ConfChangeSingle::AddVoter(target())),
+            "l" => cc.changes.push(ConfChangeSingle::AddLearner(target())),
+            "r" => cc.changes.push(ConfChangeSingle::Remove(target())),
+            _ if *a == "explicit" => cc.leave_joint = LeaveJoint::Explicit,
+            _ => panic!("bad change {a}"),
+        }
+    }
+    cc
+}
+
 fn parse_ids(s: &str) -> Vec<u64> {
     s.split(',').filter(|x| !x.is_empty()).map(|x| x.parse().expect("node id")).collect()
 }
@@ -300,11 +316,62 @@ impl Env {
         s
     }
 
+    /// Time passing, Ready handling and message delivery.
+    fn clock_and_network_cmd(&mut self, cmd: &str, args: &[&str]) -> String {
+        let ids: Vec<u64> = args.iter().map(|a| a.parse().expect("number")).collect();
+        let mut out = String::new();
+        match cmd {
+            "tick" => {
+                for _ in 0..ids.get(1).copied().unwrap_or(1) {
+                    self.node(ids[0]).raft.tick();
+                }
+            }
+            "tick-all" => {
+                for _ in 0..ids.first().copied().unwrap_or(1) {
+                    for n in &mut self.nodes {
+                        n.raft.tick();
+                    }
+                }
+            }
+            "process-ready" => {
+                for id in ids {
+                    self.process_ready(id, &mut out);
+                }
+            }
+            "deliver-msgs" => {
+                self.deliver(&ids, &mut out);
+            }
+            _ => self.pending.retain(|m| !(ids.is_empty() || ids.contains(&m.to.0))),
+        }
+        out
+    }
+
+    /// Compaction and the transport's reports about snapshots and reachability.
+    fn transport_cmd(&mut self, cmd: &str, args: &[&str]) -> String {
+        let id = |i: usize| -> u64 { args[i].parse().expect("node id") };
+        match cmd {
+            "compact" => {
+                self.node(id(0)).compact();
+                let meta = self.node(id(0)).raft.snapshot_meta().clone();
+                format!("snapshot at {}/{}\n", meta.term, meta.index)
+            }
+            "report-snapshot" => {
+                let ok = args[2] == "ok";
+                let status = if ok { SnapshotStatus::Finished } else { SnapshotStatus::Failed };
+                self.node(id(0)).raft.report_snapshot(NodeId(id(1)), status);
+                String::new()
+            }
+            _ => {
+                self.node(id(0)).raft.report_unreachable(NodeId(id(1)));
+                String::new()
+            }
+        }
+    }
+
     fn run(&mut self, line: &str) -> String {
         let parts: Vec<&str> = line.split_whitespace().collect();
         let (cmd, args) = (parts[0], &parts[1..]);
         let id = |i: usize| -> u64 { args[i].parse().expect("node id") };
-        let count = |i: usize| -> usize { args.get(i).map_or(1, |s| s.parse().expect("count")) };
         let mut out = String::new();
         match cmd {
             "add-nodes" => out = self.add_nodes(args),
@@ -316,46 +383,14 @@ impl Env {
                 }
             }
             "propose-conf-change" => {
-                let mut cc = ConfChange::default();
-                for a in &args[1..] {
-                    let (kind, n) = a.split_at(1);
-                    let target = || NodeId(n.parse().expect("node id"));
-                    match kind {
-                        "v" => cc.changes.push(ConfChangeSingle::AddVoter(target())),
-                        "l" => cc.changes.push(ConfChangeSingle::AddLearner(target())),
-                        "r" => cc.changes.push(ConfChangeSingle::Remove(target())),
-                        _ if *a == "explicit" => cc.leave_joint = LeaveJoint::Explicit,
-                        _ => panic!("bad change {a}"),
-                    }
-                }
-                if let Err(e) = self.node(id(0)).raft.propose_conf_change(cc) {
+                if let Err(e) =
+                    self.node(id(0)).raft.propose_conf_change(parse_conf_change(&args[1..]))
+                {
                     let _ = writeln!(out, "error: {e}");
                 }
             }
-            "tick" => {
-                for _ in 0..count(1) {
-                    self.node(id(0)).raft.tick();
-                }
-            }
-            "tick-all" => {
-                for _ in 0..count(0) {
-                    for n in &mut self.nodes {
-                        n.raft.tick();
-                    }
-                }
-            }
-            "process-ready" => {
-                for i in 0..args.len() {
-                    self.process_ready(id(i), &mut out);
-                }
-            }
-            "deliver-msgs" => {
-                let to: Vec<u64> = (0..args.len()).map(id).collect();
-                self.deliver(&to, &mut out);
-            }
-            "drop-msgs" => {
-                let to: Vec<u64> = (0..args.len()).map(id).collect();
-                self.pending.retain(|m| !(to.is_empty() || to.contains(&m.to.0)));
+            "tick" | "tick-all" | "process-ready" | "deliver-msgs" | "drop-msgs" => {
+                out = self.clock_and_network_cmd(cmd, args);
             }
             "stabilize" => self.stabilize(&mut out),
             "read-index" => {
@@ -370,17 +405,9 @@ impl Env {
                     let _ = writeln!(out, "error: {e}");
                 }
             }
-            "compact" => {
-                self.node(id(0)).compact();
-                let meta = self.node(id(0)).raft.snapshot_meta().clone();
-                let _ = writeln!(out, "snapshot at {}/{}", meta.term, meta.index);
+            "compact" | "report-snapshot" | "report-unreachable" => {
+                out = self.transport_cmd(cmd, args)
             }
-            "report-snapshot" => {
-                let status =
-                    if args[2] == "ok" { SnapshotStatus::Finished } else { SnapshotStatus::Failed };
-                self.node(id(0)).raft.report_snapshot(NodeId(id(1)), status);
-            }
-            "report-unreachable" => self.node(id(0)).raft.report_unreachable(NodeId(id(1))),
             "isolate" => {
                 self.cut.insert(id(0));
             }

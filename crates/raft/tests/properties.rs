@@ -40,7 +40,7 @@ fn naive_vote(voters: &BTreeSet<NodeId>, votes: &BTreeMap<NodeId, bool>) -> Vote
     let majority = voters.len() / 2 + 1;
     if yes >= majority {
         VoteResult::Won
-    } else if no >= voters.len() - majority + 1 {
+    } else if no > voters.len() - majority {
         VoteResult::Lost
     } else {
         VoteResult::Pending

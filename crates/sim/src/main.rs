@@ -6,6 +6,11 @@
 //! cairn-sim --seeds 1..200 --voters 5  force the cluster size
 //! cairn-sim --seeds 1..200 --lease     force lease reads (--safe for ReadIndex)
 //! cairn-sim --bug commit-previous-term plant a bug to see the checkers catch it
+//!                                      (also vote-ignores-log, read-skips-quorum)
+//! cairn-sim --seed 42 --trace          print every delivery and state change
+//!
+//! Other flags: --chaos X (multiply crash and partition rates), --max-msg-bytes B (batch size of
+//! Appends), --fault-ticks N (length of the fault phase), --no-membership, --threads N.
 //! ```
 
 use std::process::ExitCode;
@@ -27,6 +32,35 @@ struct Args {
     extra: Vec<String>,
 }
 
+fn parse_bug(name: &str) -> Result<PlantedBug, String> {
+    match name {
+        "commit-previous-term" => Ok(PlantedBug::CommitPreviousTerm),
+        "vote-ignores-log" => Ok(PlantedBug::VoteIgnoresLog),
+        "read-skips-quorum" => Ok(PlantedBug::ReadSkipsQuorum),
+        _ => Err(format!("unknown bug {name}")),
+    }
+}
+
+/// Prints this file's header comment: the usage.
+fn print_help() {
+    let usage: Vec<&str> = include_str!("main.rs")
+        .lines()
+        .take_while(|l| l.starts_with("//!"))
+        .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
+        .filter(|l| !l.starts_with("```"))
+        .collect();
+    println!("{}", usage.join("\n"));
+}
+
+fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("bad value {v:?} for {flag}"))
+}
+
+fn parse_range(v: &str) -> Result<std::ops::RangeInclusive<u64>, String> {
+    let (lo, hi) = v.split_once("..").ok_or("--seeds takes LO..HI")?;
+    Ok(num("--seeds", lo)?..=num("--seeds", hi.trim_start_matches('='))?)
+}
+
 fn parse() -> Result<Args, String> {
     let mut a = Args {
         seeds: 1..=100,
@@ -43,70 +77,34 @@ fn parse() -> Result<Args, String> {
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let mut value = || it.next().ok_or(format!("{flag} needs a value"));
+        let switch = matches!(
+            flag.as_str(),
+            "--lease" | "--safe" | "--no-membership" | "--trace" | "-h" | "--help"
+        );
+        let v = if switch {
+            String::new()
+        } else {
+            it.next().ok_or(format!("{flag} needs a value"))?
+        };
+        // Flags that shape the simulated run must be repeated to replay one of its seeds.
+        if !matches!(flag.as_str(), "--seeds" | "--seed" | "--threads" | "--trace") {
+            a.extra.push(format!("{flag} {v}").trim_end().to_string());
+        }
         match flag.as_str() {
-            "--seeds" => {
-                let v = value()?;
-                let (lo, hi) = v.split_once("..").ok_or("--seeds takes LO..HI")?;
-                let lo = lo.parse().map_err(|_| "bad --seeds start")?;
-                let hi = hi.trim_start_matches('=').parse().map_err(|_| "bad --seeds end")?;
-                a.seeds = lo..=hi;
-            }
-            "--seed" => {
-                let s: u64 = value()?.parse().map_err(|_| "bad --seed")?;
-                a.seeds = s..=s;
-            }
-            "--voters" => {
-                let v = value()?;
-                a.voters = Some(v.parse().map_err(|_| "bad --voters")?);
-                a.extra.push(format!("--voters {v}"));
-            }
-            "--lease" | "--safe" => {
-                a.read_mode =
-                    Some(if flag == "--lease" { ReadMode::Lease } else { ReadMode::Safe });
-                a.extra.push(flag.clone());
-            }
-            "--no-membership" => {
-                a.membership = false;
-                a.extra.push(flag.clone());
-            }
-            "--fault-ticks" => {
-                let v = value()?;
-                a.fault_ticks = Some(v.parse().map_err(|_| "bad --fault-ticks")?);
-                a.extra.push(format!("--fault-ticks {v}"));
-            }
+            "--seeds" => a.seeds = parse_range(&v)?,
+            "--seed" => a.seeds = num(&flag, &v)?..=num(&flag, &v)?,
+            "--voters" => a.voters = Some(num(&flag, &v)?),
+            "--lease" => a.read_mode = Some(ReadMode::Lease),
+            "--safe" => a.read_mode = Some(ReadMode::Safe),
+            "--no-membership" => a.membership = false,
+            "--fault-ticks" => a.fault_ticks = Some(num(&flag, &v)?),
             "--trace" => a.trace = true,
-            "--chaos" => {
-                let v = value()?;
-                a.chaos = Some(v.parse().map_err(|_| "bad --chaos")?);
-                a.extra.push(format!("--chaos {v}"));
-            }
-            "--max-msg-bytes" => {
-                let v = value()?;
-                a.max_msg_bytes = Some(v.parse().map_err(|_| "bad --max-msg-bytes")?);
-                a.extra.push(format!("--max-msg-bytes {v}"));
-            }
-            "--threads" => a.threads = value()?.parse().map_err(|_| "bad --threads")?,
-            "--bug" => {
-                let v = value()?;
-                a.bug = Some(match v.as_str() {
-                    "commit-previous-term" => PlantedBug::CommitPreviousTerm,
-                    "vote-ignores-log" => PlantedBug::VoteIgnoresLog,
-                    "read-skips-quorum" => PlantedBug::ReadSkipsQuorum,
-                    _ => return Err(format!("unknown bug {v}")),
-                });
-                a.extra.push(format!("--bug {v}"));
-            }
+            "--chaos" => a.chaos = Some(num(&flag, &v)?),
+            "--max-msg-bytes" => a.max_msg_bytes = Some(num(&flag, &v)?),
+            "--threads" => a.threads = num(&flag, &v)?,
+            "--bug" => a.bug = Some(parse_bug(&v)?),
             "-h" | "--help" => {
-                println!(
-                    "{}",
-                    include_str!("main.rs")
-                        .lines()
-                        .take_while(|l| l.starts_with("//!"))
-                        .map(|l| l.trim_start_matches("//!").trim_start_matches(' '))
-                        .collect::<Vec<_>>()
-                        .join("\n")
-                );
+                print_help();
                 std::process::exit(0);
             }
             other => return Err(format!("unknown flag {other}")),

@@ -1,0 +1,88 @@
+//! `cargo xtask ci`: every check cairn's CI runs, in the order a developer wants failures.
+//!
+//! 1. formatting (`cargo fmt --check`);
+//! 2. lints (`cargo clippy -D warnings` on every target);
+//! 3. tests (unit, paper, interaction scripts with golden output, property tests, the simulator's
+//!    planted-bug tests, the tidy checks in this crate) and doc tests;
+//! 4. documentation builds without warnings;
+//! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
+//!    300 seeds at ten times the fault rate.
+//!
+//! `cargo xtask sim-soak` runs the longer simulation documented for humans.
+
+mod tidy;
+
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let started = Instant::now();
+    println!("==> cargo {}", args.join(" "));
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.args(args);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+    println!("    ({:.1}s)", started.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
+    }
+}
+
+fn sim(args: &[&str]) -> Result<(), String> {
+    let mut all = vec!["run", "--quiet", "--release", "--package", "cairn-sim", "--"];
+    all.extend_from_slice(args);
+    cargo(&all, &[])
+}
+
+/// Installs the toolchain components the checks need, so `cargo xtask ci` works on a bare
+/// machine that has only rustup's default profile.
+fn ensure_components() -> Result<(), String> {
+    let have = |sub: &str| {
+        Command::new("cargo").args([sub, "--version"]).output().is_ok_and(|o| o.status.success())
+    };
+    if have("fmt") && have("clippy") {
+        return Ok(());
+    }
+    println!("==> rustup component add rustfmt clippy");
+    let status = Command::new("rustup")
+        .args(["component", "add", "rustfmt", "clippy"])
+        .status()
+        .map_err(|e| format!("rustfmt or clippy missing and rustup not found: {e}"))?;
+    if status.success() {
+        Ok(())
+    } else {
+        Err("could not install rustfmt and clippy".into())
+    }
+}
+
+fn ci() -> Result<(), String> {
+    ensure_components()?;
+    cargo(&["fmt", "--all", "--check"], &[])?;
+    cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])?;
+    cargo(&["test", "--workspace"], &[])?;
+    cargo(&["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
+    sim(&["--seeds", "1..1000"])?;
+    sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let task = std::env::args().nth(1).unwrap_or_default();
+    let result = match task.as_str() {
+        "ci" => ci(),
+        "sim-soak" => sim(&["--seeds", "1..100000"])
+            .and_then(|()| sim(&["--seeds", "1..20000", "--chaos", "20", "--max-msg-bytes", "1"])),
+        _ => Err("usage: cargo xtask ci | cargo xtask sim-soak".into()),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
