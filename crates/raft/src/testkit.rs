@@ -285,6 +285,14 @@ impl Cluster {
         }
     }
 
+    /// Lets `ticks` ticks pass on every node, running the cluster until quiet after each.
+    pub fn run_ticks(&mut self, ticks: usize) {
+        for _ in 0..ticks {
+            self.tick_all();
+            self.stabilize();
+        }
+    }
+
     /// Makes `id` campaign and runs the cluster until quiet.
     pub fn elect(&mut self, id: u64) {
         self.raft(id).campaign();

@@ -28,19 +28,13 @@ fn new_leader_after_isolation_keeps_committed_entries() {
     c.raft(1).propose(Bytes::from_static(b"x")).unwrap();
     c.stabilize();
     c.isolate(1);
-    for _ in 0..40 {
-        c.tick_all();
-        c.stabilize();
-    }
+    c.run_ticks(40);
     let leader = c.leader().expect("a new leader");
     assert_ne!(leader, NodeId(1));
     assert_ne!(c.node(1).raft.role(), Role::Leader, "check-quorum deposes the isolated leader");
     c.heal();
     c.raft(leader.0).propose(Bytes::from_static(b"y")).unwrap();
-    for _ in 0..20 {
-        c.tick_all();
-        c.stabilize();
-    }
+    c.run_ticks(20);
     for id in 1..=3 {
         assert_eq!(c.node(id).state.data, vec![Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
     }

@@ -2,10 +2,9 @@
 
 use std::collections::BTreeMap;
 
-use cairn_raft::{Entry, EntryPayload, LogIndex, NodeId, Raft, Role, Snapshot, Term};
+use cairn_raft::{Entry, LogIndex, NodeId, Raft, Role, Snapshot, Term};
 
-use crate::node::SmState;
-use crate::rng::hash_bytes;
+use crate::node::{payload_hash, SmState};
 
 /// A violated property, with what was seen.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,13 +30,6 @@ pub struct Checker {
     pub acked: BTreeMap<u64, LogIndex>,
     pub reads_checked: u64,
     pub elections: u64,
-}
-
-fn payload_hash(e: &Entry) -> u64 {
-    match &e.payload {
-        EntryPayload::Normal(d) => hash_bytes(1, d),
-        EntryPayload::ConfChange(cc) => hash_bytes(2, format!("{cc:?}").as_bytes()),
-    }
 }
 
 impl Checker {

@@ -34,12 +34,16 @@ impl SmState {
     }
 
     pub fn apply(&mut self, e: &Entry) {
-        let payload_hash = match &e.payload {
-            EntryPayload::Normal(d) => hash_bytes(1, d),
-            EntryPayload::ConfChange(cc) => hash_bytes(2, format!("{cc:?}").as_bytes()),
-        };
-        self.hash = mix(self.hash ^ payload_hash ^ e.index.0.rotate_left(17));
+        self.hash = mix(self.hash ^ payload_hash(e) ^ e.index.0.rotate_left(17));
         self.applied = e.index;
+    }
+}
+
+/// A hash of what an entry carries, so different payloads are told apart.
+pub fn payload_hash(e: &Entry) -> u64 {
+    match &e.payload {
+        EntryPayload::Normal(d) => hash_bytes(1, d),
+        EntryPayload::ConfChange(cc) => hash_bytes(2, format!("{cc:?}").as_bytes()),
     }
 }
 
