@@ -1,0 +1,17 @@
+//! cairn's storage: the only crate that touches files.
+//!
+//! - [`wal`]: the segmented write-ahead log for Raft entries, hard state and snapshot markers,
+//!   with checksummed records, group commit, torn-tail repair and segment removal.
+//! - [`fs`]: the narrow file-system seam ([`fs::Dir`], [`fs::File`]) all IO goes through.
+//! - [`faulty`]: an in-memory implementation of that seam that loses unsynced writes on a crash
+//!   and fails operations on demand, for crash tests.
+
+#![deny(clippy::unwrap_used)]
+
+pub mod codec;
+pub mod faulty;
+pub mod fs;
+mod replay;
+pub mod wal;
+
+pub use wal::{Recovered, Wal, WalError, WalOptions};

@@ -1,0 +1,150 @@
+//! Rebuilding the log's contents from its segments when it is opened.
+
+use cairn_raft::{Entry, LogIndex};
+
+use crate::codec;
+use crate::fs::{Dir, File};
+use crate::wal::frame::{HEADER_BYTES, KIND_ENTRY, KIND_HARD_STATE, KIND_INSTALL, KIND_SNAPSHOT};
+use crate::wal::{io_err as io, Recovered, Wal, WalError, WalOptions};
+
+enum Next<'a> {
+    /// A zero length field, or the end of the file: no more data in this segment.
+    End,
+    Record {
+        kind: u8,
+        payload: &'a [u8],
+        next: usize,
+    },
+    /// The record at this position is cut short or fails its checksum.
+    Bad {
+        reason: &'static str,
+        end: usize,
+    },
+}
+
+fn next_record(data: &[u8], pos: usize) -> Next<'_> {
+    if pos + HEADER_BYTES > data.len() {
+        return if data[pos..].iter().all(|b| *b == 0) {
+            Next::End
+        } else {
+            Next::Bad { reason: "truncated header", end: data.len() }
+        };
+    }
+    let len = u32::from_be_bytes(data[pos..pos + 4].try_into().unwrap_or_default()) as usize;
+    if len == 0 {
+        return Next::End;
+    }
+    let end = pos + 8 + len;
+    if end > data.len() {
+        return Next::Bad { reason: "record runs past the end of the file", end: data.len() };
+    }
+    let crc = u32::from_be_bytes(data[pos + 4..pos + 8].try_into().unwrap_or_default());
+    if crc32c::crc32c(&data[pos + 8..end]) != crc {
+        return Next::Bad { reason: "checksum mismatch", end };
+    }
+    Next::Record { kind: data[pos + 8], payload: &data[pos + 9..end], next: end }
+}
+
+/// Applies one record to the state being rebuilt.
+fn apply(
+    rec: &mut Recovered,
+    max_index: &mut LogIndex,
+    kind: u8,
+    payload: &[u8],
+) -> Result<(), &'static str> {
+    match kind {
+        KIND_ENTRY => {
+            let e: Entry = codec::decode_entry(payload).map_err(|e| e.0)?;
+            // A rewritten index supersedes everything from there on (log suffix truncation).
+            let keep = rec.entries.partition_point(|x| x.index < e.index);
+            rec.entries.truncate(keep);
+            *max_index = (*max_index).max(e.index);
+            rec.entries.push(e);
+        }
+        KIND_HARD_STATE => rec.hard_state = codec::decode_hard_state(payload).map_err(|e| e.0)?,
+        KIND_SNAPSHOT => {
+            let meta = codec::decode_snapshot_meta(payload).map_err(|e| e.0)?;
+            rec.entries.retain(|e| e.index > meta.index);
+            rec.snapshot = Some(meta);
+        }
+        KIND_INSTALL => {
+            rec.snapshot = Some(codec::decode_snapshot_meta(payload).map_err(|e| e.0)?);
+            rec.entries.clear();
+        }
+        _ => return Err("unknown record kind"),
+    }
+    Ok(())
+}
+
+/// Replays segment `name` into `rec`. Returns the end of its valid data; repairs a torn tail
+/// when `is_last`.
+fn replay_segment<F: File>(
+    file: &mut F,
+    name: &str,
+    is_last: bool,
+    rec: &mut Recovered,
+    max_index: &mut LogIndex,
+) -> Result<u64, WalError> {
+    let len = file.size().map_err(io("stat", name))?;
+    let mut data = vec![0u8; len as usize];
+    file.read_at(0, &mut data).map_err(io("read", name))?;
+    let corrupt = |offset: usize, reason| WalError::Corrupt {
+        file: name.to_string(),
+        offset: offset as u64,
+        reason,
+    };
+    let mut pos = 0;
+    loop {
+        match next_record(&data, pos) {
+            Next::End => return Ok(pos as u64),
+            Next::Record { kind, payload, next } => {
+                apply(rec, max_index, kind, payload).map_err(|reason| corrupt(pos, reason))?;
+                pos = next;
+            }
+            Next::Bad { reason, end } => {
+                // Only the last segment can have a torn tail, and only with nothing after it.
+                if !is_last || data[end..].iter().any(|b| *b != 0) {
+                    return Err(corrupt(pos, reason));
+                }
+                let last_nonzero = data.iter().rposition(|b| *b != 0).unwrap_or(pos);
+                let zeros = vec![0u8; last_nonzero + 1 - pos];
+                file.write_at(pos as u64, &zeros).map_err(io("repair", name))?;
+                file.sync_data().map_err(io("sync", name))?;
+                return Ok(pos as u64);
+            }
+        }
+    }
+}
+
+/// Opens an existing log: replays every segment in order and positions writes after the last
+/// valid record.
+pub(crate) fn replay<D: Dir>(
+    dir: D,
+    opts: WalOptions,
+    names: Vec<(u64, String)>,
+) -> Result<(Wal<D>, Recovered), WalError> {
+    let mut rec = Recovered::default();
+    let mut segments = Vec::with_capacity(names.len());
+    let last = names.len() - 1;
+    let mut active = None;
+    let mut offset = 0;
+    for (i, (seq, name)) in names.into_iter().enumerate() {
+        let mut file = dir.open(&name).map_err(io("open", &name))?;
+        let mut max_index = LogIndex::ZERO;
+        let end = replay_segment(&mut file, &name, i == last, &mut rec, &mut max_index)?;
+        segments.push((seq, name, max_index));
+        if i == last {
+            active = Some(file);
+            offset = end;
+        }
+    }
+    let snap = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
+    rec.entries.retain(|e| e.index > snap);
+    let contiguous =
+        rec.entries.iter().enumerate().all(|(i, e)| e.index.0 == snap.0 + 1 + i as u64);
+    if !contiguous {
+        return Err(WalError::Corrupt { file: "wal".into(), offset: 0, reason: "gap in the log" });
+    }
+    let active = active.expect("at least one segment");
+    Ok((Wal::from_replay(dir, opts, segments, active, offset, &rec), rec))
+}
