@@ -1,0 +1,207 @@
+//! The seam between the data model and the bytes on disk.
+//!
+//! The history is a map from [`RevisionId`] to an encoded [`Record`]: every change ever made, until
+//! compaction removes what no read can see. [`Meta`] holds the applied Raft index and the current
+//! and compacted revisions; a [`WriteBatch`] commits records and meta atomically, which is what
+//! lets a restart replay the Raft log from exactly `applied_index + 1`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Mutex, MutexGuard};
+
+use bytes::{Buf, BufMut, Bytes};
+
+use crate::types::{LeaseId, Revision, RevisionId};
+
+/// A backend failure. The node must stop: the store cannot know what was written.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BackendError(pub String);
+
+impl fmt::Display for BackendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "backend: {}", self.0)
+    }
+}
+
+impl std::error::Error for BackendError {}
+
+/// One change as stored: `tombstone u8 | create i64 | version i64 | lease i64 | key_len u32 | key |
+/// value` (big endian).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub key: Bytes,
+    pub value: Bytes,
+    pub create: Revision,
+    pub version: i64,
+    pub lease: LeaseId,
+    pub tombstone: bool,
+}
+
+impl Record {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(29 + self.key.len() + self.value.len());
+        out.put_u8(u8::from(self.tombstone));
+        out.put_i64(self.create.0);
+        out.put_i64(self.version);
+        out.put_i64(self.lease.0);
+        out.put_u32(self.key.len() as u32);
+        out.put_slice(&self.key);
+        out.put_slice(&self.value);
+        out
+    }
+
+    pub fn decode(mut raw: &[u8]) -> Result<Record, BackendError> {
+        if raw.len() < 29 {
+            return Err(BackendError("history record too short".into()));
+        }
+        let tombstone = raw.get_u8() == 1;
+        let create = Revision(raw.get_i64());
+        let version = raw.get_i64();
+        let lease = LeaseId(raw.get_i64());
+        let key_len = raw.get_u32() as usize;
+        if raw.len() < key_len {
+            return Err(BackendError("history record key cut short".into()));
+        }
+        let key = Bytes::copy_from_slice(&raw[..key_len]);
+        let value = Bytes::copy_from_slice(&raw[key_len..]);
+        Ok(Record { key, value, create, version, lease, tombstone })
+    }
+}
+
+/// The 12-byte big-endian storage key of a revision, so byte order is revision order.
+pub fn revision_key(rev: RevisionId) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..8].copy_from_slice(&(rev.main.0 as u64).to_be_bytes());
+    k[8..].copy_from_slice(&rev.sub.to_be_bytes());
+    k
+}
+
+pub fn parse_revision_key(k: &[u8]) -> Result<RevisionId, BackendError> {
+    let k: [u8; 12] = k.try_into().map_err(|_| BackendError("bad revision key".into()))?;
+    let main = u64::from_be_bytes(k[..8].try_into().unwrap_or_default()) as i64;
+    let sub = u32::from_be_bytes(k[8..].try_into().unwrap_or_default());
+    Ok(RevisionId { main: Revision(main), sub })
+}
+
+/// What the store knows about itself, committed with the data it describes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// The last Raft index applied to this store.
+    pub applied_index: u64,
+    pub current: Revision,
+    /// Reads below this revision fail as compacted.
+    pub compacted: Revision,
+    /// History below this revision has been physically removed.
+    pub compacted_physically: Revision,
+}
+
+impl Default for Meta {
+    fn default() -> Meta {
+        Meta {
+            applied_index: 0,
+            current: Revision::INITIAL,
+            compacted: Revision(0),
+            compacted_physically: Revision(0),
+        }
+    }
+}
+
+/// Changes committed together, atomically.
+#[derive(Clone, Debug, Default)]
+pub struct WriteBatch {
+    pub puts: Vec<(RevisionId, Vec<u8>)>,
+    pub deletes: Vec<RevisionId>,
+    pub meta: Option<Meta>,
+}
+
+/// A consistent read view of the backend.
+pub trait BackendView {
+    fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError>;
+    /// Visits records from `from` on, in revision order, until `visit` returns false.
+    fn scan(
+        &self,
+        from: RevisionId,
+        visit: &mut dyn FnMut(RevisionId, Record) -> bool,
+    ) -> Result<(), BackendError>;
+    fn meta(&self) -> Result<Meta, BackendError>;
+}
+
+/// Durable storage of the history. One writer (the apply path) and many readers.
+pub trait Backend: Send + Sync {
+    type View<'a>: BackendView
+    where
+        Self: 'a;
+    fn view(&self) -> Result<Self::View<'_>, BackendError>;
+    fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
+    /// Approximate bytes used on disk.
+    fn size_bytes(&self) -> u64;
+}
+
+/// An in-memory backend, for tests and for an embedded engine that needs no durability.
+#[derive(Debug, Default)]
+pub struct MemBackend {
+    state: Mutex<(BTreeMap<RevisionId, Vec<u8>>, Meta)>,
+}
+
+/// A snapshot of a [`MemBackend`] (a copy: fine for tests).
+#[derive(Debug)]
+pub struct MemView {
+    records: BTreeMap<RevisionId, Vec<u8>>,
+    meta: Meta,
+}
+
+impl MemBackend {
+    fn lock(&self) -> MutexGuard<'_, (BTreeMap<RevisionId, Vec<u8>>, Meta)> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Backend for MemBackend {
+    type View<'a> = MemView;
+
+    fn view(&self) -> Result<MemView, BackendError> {
+        let s = self.lock();
+        Ok(MemView { records: s.0.clone(), meta: s.1 })
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
+        let mut s = self.lock();
+        for (rev, rec) in batch.puts {
+            s.0.insert(rev, rec);
+        }
+        for rev in batch.deletes {
+            s.0.remove(&rev);
+        }
+        if let Some(meta) = batch.meta {
+            s.1 = meta;
+        }
+        Ok(())
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.lock().0.values().map(|v| v.len() as u64 + 12).sum()
+    }
+}
+
+impl BackendView for MemView {
+    fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError> {
+        self.records.get(&rev).map(|r| Record::decode(r)).transpose()
+    }
+
+    fn scan(
+        &self,
+        from: RevisionId,
+        visit: &mut dyn FnMut(RevisionId, Record) -> bool,
+    ) -> Result<(), BackendError> {
+        for (rev, raw) in self.records.range(from..) {
+            if !visit(*rev, Record::decode(raw)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn meta(&self) -> Result<Meta, BackendError> {
+        Ok(self.meta)
+    }
+}

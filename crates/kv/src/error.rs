@@ -1,0 +1,50 @@
+//! Errors of the data model. Each maps to one etcd error (message and gRPC code) in the server's
+//! single mapping module; the messages here are etcd's own.
+
+use std::fmt;
+
+/// Why a request failed. A failed request changes nothing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KvError {
+    /// The requested revision is below the compaction point (OutOfRange).
+    Compacted,
+    /// The requested revision is beyond the current one (OutOfRange).
+    FutureRev,
+    /// `ignore_value` or `ignore_lease` on a key that does not exist (InvalidArgument).
+    KeyNotFound,
+    /// The request names no key (InvalidArgument).
+    EmptyKey,
+    /// A transaction writes one key twice (InvalidArgument).
+    DuplicateKey,
+    /// A transaction has more operations than allowed (InvalidArgument).
+    TooManyOps,
+    /// A put names a lease that does not exist (NotFound).
+    LeaseNotFound,
+    /// The backend failed; the node must stop.
+    Backend(String),
+}
+
+impl KvError {
+    /// etcd's error description, which clients match on.
+    pub fn etcd_message(&self) -> &str {
+        match self {
+            KvError::Compacted => "etcdserver: mvcc: required revision has been compacted",
+            KvError::FutureRev => "etcdserver: mvcc: required revision is a future revision",
+            KvError::KeyNotFound => "etcdserver: key not found",
+            KvError::EmptyKey => "etcdserver: key is not provided",
+            KvError::DuplicateKey => "etcdserver: duplicate key given in txn request",
+            KvError::TooManyOps => "etcdserver: too many operations in txn request",
+            KvError::LeaseNotFound => "etcdserver: requested lease not found",
+            KvError::Backend(msg) => msg,
+        }
+    }
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.etcd_message())
+    }
+}
+
+impl std::error::Error for KvError {}

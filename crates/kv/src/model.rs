@@ -1,0 +1,278 @@
+//! An executable specification of etcd's KV semantics: every key's full history in a map, every
+//! read computed from scratch. Slow and obviously right; the store is tested against it.
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::range::KeyRange;
+use crate::types::*;
+use crate::validate;
+use crate::KvError;
+
+/// The whole store as plain data.
+#[derive(Clone, Debug)]
+pub struct Model {
+    current: Revision,
+    compacted: Revision,
+    /// Every change of every key, in order; `None` is a deletion.
+    history: BTreeMap<Bytes, Vec<(Revision, Option<KeyValue>)>>,
+}
+
+impl Default for Model {
+    fn default() -> Model {
+        Model { current: Revision::INITIAL, compacted: Revision(0), history: BTreeMap::new() }
+    }
+}
+
+impl Model {
+    pub fn current(&self) -> Revision {
+        self.current
+    }
+
+    /// Every live key at `rev`.
+    fn state(&self, rev: Revision) -> BTreeMap<Bytes, KeyValue> {
+        let mut out = BTreeMap::new();
+        for (k, changes) in &self.history {
+            if let Some((_, Some(kv))) = changes.iter().rev().find(|(r, _)| *r <= rev) {
+                out.insert(k.clone(), kv.clone());
+            }
+        }
+        out
+    }
+
+    pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, KvError> {
+        self.range_in(req, &self.state(self.current), self.current)
+    }
+
+    /// A read where `latest` is the newest state (it may include a transaction's own writes).
+    fn range_in(
+        &self,
+        req: &RangeRequest,
+        latest: &BTreeMap<Bytes, KeyValue>,
+        current: Revision,
+    ) -> Result<RangeResponse, KvError> {
+        let rev = if req.revision.0 <= 0 { current } else { req.revision };
+        if rev > current {
+            return Err(KvError::FutureRev);
+        }
+        if rev < self.compacted {
+            return Err(KvError::Compacted);
+        }
+        let state = if rev == current { latest.clone() } else { self.state(rev) };
+        let range = KeyRange::new(&req.key, &req.range_end);
+        let mut kvs: Vec<KeyValue> =
+            state.into_values().filter(|kv| range.contains(&kv.key)).collect();
+        let count = kvs.len() as i64;
+        if req.count_only {
+            return Ok(RangeResponse { revision: rev, kvs: vec![], more: false, count });
+        }
+        kvs.retain(|kv| {
+            let ok = |min: Revision, max: Revision, v: Revision| {
+                (min.0 == 0 || v >= min) && (max.0 == 0 || v <= max)
+            };
+            ok(req.min_mod_revision, req.max_mod_revision, kv.mod_revision)
+                && ok(req.min_create_revision, req.max_create_revision, kv.create_revision)
+        });
+        let key_of = |kv: &KeyValue| -> (i64, Bytes) {
+            match req.sort_target {
+                SortTarget::Key => (0, kv.key.clone()),
+                SortTarget::Version => (kv.version, Bytes::new()),
+                SortTarget::Create => (kv.create_revision.0, Bytes::new()),
+                SortTarget::Mod => (kv.mod_revision.0, Bytes::new()),
+                SortTarget::Value => (0, kv.value.clone()),
+            }
+        };
+        let order = match (req.sort_order, req.sort_target) {
+            (SortOrder::None, SortTarget::Key) => SortOrder::None,
+            (SortOrder::None, _) => SortOrder::Ascend,
+            (o, _) => o,
+        };
+        match order {
+            SortOrder::None => {}
+            SortOrder::Ascend => kvs.sort_by_key(key_of),
+            SortOrder::Descend => kvs.sort_by_key(|kv| std::cmp::Reverse(key_of(kv))),
+        }
+        let more = req.limit > 0 && kvs.len() as i64 > req.limit;
+        if more {
+            kvs.truncate(req.limit as usize);
+        }
+        if req.keys_only {
+            kvs.iter_mut().for_each(|kv| kv.value = Bytes::new());
+        }
+        Ok(RangeResponse { revision: rev, kvs, more, count })
+    }
+
+    /// Applies a mutating command; on error nothing changes.
+    pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
+        let mut scratch = self.clone();
+        let mut tx =
+            Tx { state: scratch.state(scratch.current), rev: scratch.current.next(), writes: 0 };
+        let resp = match cmd {
+            Command::Put(p) => scratch.put(&mut tx, p, true).map(CommandResponse::Put),
+            Command::DeleteRange(d) => Ok(CommandResponse::DeleteRange(scratch.delete(&mut tx, d))),
+            Command::Txn(t) => {
+                validate::check_txn(t, usize::MAX)?;
+                let before = tx.state.clone();
+                scratch.precheck(t, &before)?;
+                scratch.txn(&mut tx, t, &before).map(CommandResponse::Txn)
+            }
+            Command::Compact(c) => {
+                if c.revision <= scratch.compacted {
+                    return Err(KvError::Compacted);
+                }
+                if c.revision > scratch.current {
+                    return Err(KvError::FutureRev);
+                }
+                scratch.compacted = c.revision;
+                Ok(CommandResponse::Compact(CompactResponse { revision: scratch.current }))
+            }
+        }?;
+        if tx.writes > 0 {
+            scratch.current = tx.rev;
+        }
+        *self = scratch;
+        Ok(resp)
+    }
+
+    fn put(
+        &mut self,
+        tx: &mut Tx,
+        p: &PutRequest,
+        check_lease: bool,
+    ) -> Result<PutResponse, KvError> {
+        let prev = tx.state.get(&p.key).cloned();
+        if (p.ignore_value || p.ignore_lease) && prev.is_none() {
+            return Err(KvError::KeyNotFound);
+        }
+        if check_lease && p.lease.0 != 0 && !p.ignore_lease {
+            return Err(KvError::LeaseNotFound);
+        }
+        let kv = KeyValue {
+            key: p.key.clone(),
+            create_revision: prev.as_ref().map_or(tx.rev, |x| x.create_revision),
+            mod_revision: tx.rev,
+            version: prev.as_ref().map_or(1, |x| x.version + 1),
+            value: if p.ignore_value {
+                prev.as_ref().map(|x| x.value.clone()).unwrap_or_default()
+            } else {
+                p.value.clone()
+            },
+            lease: if p.ignore_lease {
+                prev.as_ref().map_or(LeaseId(0), |x| x.lease)
+            } else {
+                p.lease
+            },
+        };
+        self.record(tx, p.key.clone(), Some(kv));
+        Ok(PutResponse { revision: tx.rev, prev_kv: prev.filter(|_| p.prev_kv) })
+    }
+
+    fn delete(&mut self, tx: &mut Tx, d: &DeleteRangeRequest) -> DeleteRangeResponse {
+        let range = KeyRange::new(&d.key, &d.range_end);
+        let doomed: Vec<KeyValue> =
+            tx.state.values().filter(|kv| range.contains(&kv.key)).cloned().collect();
+        for kv in &doomed {
+            self.record(tx, kv.key.clone(), None);
+        }
+        let revision = if tx.writes > 0 { tx.rev } else { self.current };
+        let deleted = doomed.len() as i64;
+        DeleteRangeResponse { revision, deleted, prev_kvs: if d.prev_kv { doomed } else { vec![] } }
+    }
+
+    fn record(&mut self, tx: &mut Tx, key: Bytes, kv: Option<KeyValue>) {
+        tx.writes += 1;
+        match &kv {
+            Some(kv) => tx.state.insert(key.clone(), kv.clone()),
+            None => tx.state.remove(&key),
+        };
+        let changes = self.history.entry(key).or_default();
+        // Two changes of one key in one revision: the later wins (validation forbids it anyway).
+        if changes.last().is_some_and(|(r, _)| *r == tx.rev) {
+            changes.pop();
+        }
+        changes.push((tx.rev, kv));
+    }
+
+    fn holds(before: &BTreeMap<Bytes, KeyValue>, c: &Compare) -> bool {
+        let range = KeyRange::new(&c.key, &c.range_end);
+        let hits: Vec<&KeyValue> = before.values().filter(|kv| range.contains(&kv.key)).collect();
+        let check = |ord: std::cmp::Ordering| match c.result {
+            CompareResult::Equal => ord.is_eq(),
+            CompareResult::NotEqual => ord.is_ne(),
+            CompareResult::Greater => ord.is_gt(),
+            CompareResult::Less => ord.is_lt(),
+        };
+        let one = |kv: Option<&KeyValue>| match (&c.target, kv) {
+            (CompareTarget::Value(_), None) => false,
+            (CompareTarget::Value(v), Some(kv)) => check(kv.value.as_ref().cmp(v.as_ref())),
+            (CompareTarget::Version(v), kv) => check(kv.map_or(0, |x| x.version).cmp(v)),
+            (CompareTarget::Create(r), kv) => {
+                check(kv.map_or(0, |x| x.create_revision.0).cmp(&r.0))
+            }
+            (CompareTarget::Mod(r), kv) => check(kv.map_or(0, |x| x.mod_revision.0).cmp(&r.0)),
+            (CompareTarget::Lease(l), kv) => check(kv.map_or(0, |x| x.lease.0).cmp(&l.0)),
+        };
+        if hits.is_empty() {
+            one(None)
+        } else {
+            hits.into_iter().all(|kv| one(Some(kv)))
+        }
+    }
+
+    /// etcd checks the branches that will run, in order, against the state before the
+    /// transaction, and fails the whole transaction on the first bad op.
+    fn precheck(&self, t: &TxnRequest, before: &BTreeMap<Bytes, KeyValue>) -> Result<(), KvError> {
+        let succeeded = t.compare.iter().all(|c| Model::holds(before, c));
+        for op in if succeeded { &t.success } else { &t.failure } {
+            match op {
+                RequestOp::Range(r) if r.revision > self.current => return Err(KvError::FutureRev),
+                RequestOp::Range(r) if r.revision.0 > 0 && r.revision < self.compacted => {
+                    return Err(KvError::Compacted)
+                }
+                RequestOp::Put(p)
+                    if (p.ignore_value || p.ignore_lease) && !before.contains_key(&p.key) =>
+                {
+                    return Err(KvError::KeyNotFound)
+                }
+                RequestOp::Put(p) if p.lease.0 != 0 && !p.ignore_lease => {
+                    return Err(KvError::LeaseNotFound)
+                }
+                RequestOp::Txn(n) => self.precheck(n, before)?,
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    fn txn(
+        &mut self,
+        tx: &mut Tx,
+        t: &TxnRequest,
+        before: &BTreeMap<Bytes, KeyValue>,
+    ) -> Result<TxnResponse, KvError> {
+        // Every compare, nested ones too, sees the state before the outermost transaction.
+        let succeeded = t.compare.iter().all(|c| Model::holds(before, c));
+        let mut responses = Vec::new();
+        for op in if succeeded { &t.success } else { &t.failure } {
+            let read_rev = if tx.writes > 0 { tx.rev } else { self.current };
+            responses.push(match op {
+                RequestOp::Range(r) => {
+                    ResponseOp::Range(self.range_in(r, &tx.state.clone(), read_rev)?)
+                }
+                RequestOp::Put(p) => ResponseOp::Put(self.put(tx, p, true)?),
+                RequestOp::DeleteRange(d) => ResponseOp::DeleteRange(self.delete(tx, d)),
+                RequestOp::Txn(n) => ResponseOp::Txn(self.txn(tx, n, before)?),
+            });
+        }
+        let revision = if tx.writes > 0 { tx.rev } else { self.current };
+        Ok(TxnResponse { revision, succeeded, responses })
+    }
+}
+
+/// A command in progress: the newest state including its own writes.
+struct Tx {
+    state: BTreeMap<Bytes, KeyValue>,
+    rev: Revision,
+    writes: u32,
+}

@@ -1,0 +1,82 @@
+//! Checks etcd makes before a request is proposed: they depend only on the request.
+
+use std::collections::BTreeSet;
+
+use bytes::Bytes;
+
+use crate::range::KeyRange;
+use crate::types::{RequestOp, TxnRequest};
+use crate::KvError;
+
+/// etcd's default `--max-txn-ops`.
+pub const DEFAULT_MAX_TXN_OPS: usize = 128;
+
+/// Rejects what etcd rejects before proposing a transaction: a list (compares, success or
+/// failure, at any depth) longer than `max_ops`, an empty key, or a branch that writes a key
+/// twice (`checkIntervals` in etcd's `v3rpc/key.go`).
+pub fn check_txn(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError> {
+    check_sizes_and_keys(txn, max_ops)?;
+    check_intervals(&txn.success)?;
+    check_intervals(&txn.failure)?;
+    Ok(())
+}
+
+fn check_sizes_and_keys(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError> {
+    if txn.compare.len() > max_ops || txn.success.len() > max_ops || txn.failure.len() > max_ops {
+        return Err(KvError::TooManyOps);
+    }
+    for op in txn.success.iter().chain(&txn.failure) {
+        match op {
+            RequestOp::Range(r) if r.key.is_empty() => return Err(KvError::EmptyKey),
+            RequestOp::Put(p) if p.key.is_empty() => return Err(KvError::EmptyKey),
+            RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(KvError::EmptyKey),
+            RequestOp::Txn(nested) => check_sizes_and_keys(nested, max_ops)?,
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+type Writes = (BTreeSet<Bytes>, Vec<KeyRange>);
+
+/// The keys a list of ops puts and the ranges it deletes; fails if a key is put twice or put
+/// inside a deleted range. A nested transaction's two branches exclude each other, so a key put in
+/// both is fine.
+fn check_intervals(ops: &[RequestOp]) -> Result<Writes, KvError> {
+    let mut dels: Vec<KeyRange> = ops
+        .iter()
+        .filter_map(|op| match op {
+            RequestOp::DeleteRange(d) => Some(KeyRange::new(&d.key, &d.range_end)),
+            _ => None,
+        })
+        .collect();
+    let deleted = |dels: &[KeyRange], k: &Bytes| dels.iter().any(|d| d.contains(k));
+    let mut puts = BTreeSet::new();
+    for op in ops {
+        let RequestOp::Txn(nested) = op else { continue };
+        let (puts_then, dels_then) = check_intervals(&nested.success)?;
+        let (puts_else, dels_else) = check_intervals(&nested.failure)?;
+        for k in &puts_then {
+            if puts.contains(k) || deleted(&dels, k) {
+                return Err(KvError::DuplicateKey);
+            }
+        }
+        puts.extend(puts_then.iter().cloned());
+        for k in puts_else {
+            if (puts.contains(&k) && !puts_then.contains(&k)) || deleted(&dels, &k) {
+                return Err(KvError::DuplicateKey);
+            }
+            puts.insert(k);
+        }
+        dels.extend(dels_then);
+        dels.extend(dels_else);
+    }
+    for op in ops {
+        let RequestOp::Put(p) = op else { continue };
+        if puts.contains(&p.key) || deleted(&dels, &p.key) {
+            return Err(KvError::DuplicateKey);
+        }
+        puts.insert(p.key.clone());
+    }
+    Ok((puts, dels))
+}

@@ -1,0 +1,111 @@
+//! etcd rules checked directly, with etcd's own messages.
+
+use bytes::Bytes;
+use cairn_kv::backend::MemBackend;
+use cairn_kv::validate::{check_txn, DEFAULT_MAX_TXN_OPS};
+use cairn_kv::*;
+
+fn b(s: &str) -> Bytes {
+    Bytes::from(s.to_string())
+}
+
+fn put(k: &str, v: &str) -> RequestOp {
+    RequestOp::Put(PutRequest { key: b(k), value: b(v), ..PutRequest::default() })
+}
+
+fn del(k: &str, end: &str) -> RequestOp {
+    RequestOp::DeleteRange(DeleteRangeRequest { key: b(k), range_end: b(end), prev_kv: false })
+}
+
+fn txn(success: Vec<RequestOp>, failure: Vec<RequestOp>) -> TxnRequest {
+    TxnRequest { compare: vec![], success, failure }
+}
+
+#[test]
+fn duplicate_keys_follow_etcd_check_intervals() {
+    let ok = |t: TxnRequest| check_txn(&t, DEFAULT_MAX_TXN_OPS);
+    assert_eq!(ok(txn(vec![put("a", "1"), put("a", "2")], vec![])), Err(KvError::DuplicateKey));
+    assert_eq!(ok(txn(vec![del("a", "c"), put("b", "1")], vec![])), Err(KvError::DuplicateKey));
+    assert_eq!(
+        ok(txn(vec![put("a", "1")], vec![put("a", "2")])),
+        Ok(()),
+        "branches exclude each other"
+    );
+    let nested = RequestOp::Txn(txn(vec![put("k", "1")], vec![put("k", "2")]));
+    assert_eq!(
+        ok(txn(vec![nested.clone()], vec![])),
+        Ok(()),
+        "nested then/else exclude each other"
+    );
+    assert_eq!(ok(txn(vec![nested, put("k", "3")], vec![])), Err(KvError::DuplicateKey));
+    assert_eq!(
+        ok(txn(vec![del("a", ""), del("a", "z")], vec![])),
+        Ok(()),
+        "overlapping deletes are fine"
+    );
+}
+
+#[test]
+fn limits_and_empty_keys() {
+    let many = (0..129).map(|i| put(&format!("k{i}"), "v")).collect();
+    assert_eq!(check_txn(&txn(many, vec![]), DEFAULT_MAX_TXN_OPS), Err(KvError::TooManyOps));
+    let exactly = (0..128).map(|i| put(&format!("k{i}"), "v")).collect();
+    assert_eq!(check_txn(&txn(exactly, vec![]), DEFAULT_MAX_TXN_OPS), Ok(()));
+    assert_eq!(check_txn(&txn(vec![put("", "v")], vec![]), 128), Err(KvError::EmptyKey));
+    assert_eq!(KvError::TooManyOps.to_string(), "etcdserver: too many operations in txn request");
+    assert_eq!(KvError::DuplicateKey.to_string(), "etcdserver: duplicate key given in txn request");
+    assert_eq!(
+        KvError::Compacted.to_string(),
+        "etcdserver: mvcc: required revision has been compacted"
+    );
+    assert_eq!(
+        KvError::FutureRev.to_string(),
+        "etcdserver: mvcc: required revision is a future revision"
+    );
+}
+
+#[test]
+fn revisions_versions_and_compaction_boundaries() {
+    let store = Store::open(MemBackend::default()).unwrap();
+    assert_eq!(store.current_revision(), Revision(1), "an empty store is at revision 1");
+    let mut i = 0;
+    let mut apply = |cmd: Command| {
+        i += 1;
+        store.apply(&[(i, Some(&cmd))]).unwrap().pop().flatten().unwrap()
+    };
+    let p = |k: &str, v: &str| {
+        Command::Put(PutRequest { key: b(k), value: b(v), ..PutRequest::default() })
+    };
+    apply(p("a", "1")); // rev 2
+    apply(p("a", "2")); // rev 3
+    apply(Command::DeleteRange(DeleteRangeRequest { key: b("a"), ..Default::default() })); // rev 4
+    apply(p("a", "3")); // rev 5: a new generation
+    let get = |rev: i64| {
+        store.range(&RangeRequest { key: b("a"), revision: Revision(rev), ..Default::default() })
+    };
+    let kv = get(0).unwrap().kvs.pop().unwrap();
+    assert_eq!((kv.create_revision, kv.mod_revision, kv.version), (Revision(5), Revision(5), 1));
+    assert_eq!(get(3).unwrap().kvs[0].version, 2);
+    assert!(get(4).unwrap().kvs.is_empty());
+    assert_eq!(get(6), Err(KvError::FutureRev));
+    // Deleting nothing does not move the revision.
+    apply(Command::DeleteRange(DeleteRangeRequest { key: b("zz"), ..Default::default() }));
+    assert_eq!(store.current_revision(), Revision(5));
+    let compact =
+        |r: i64| Command::Compact(CompactRequest { revision: Revision(r), physical: false });
+    assert!(matches!(apply(compact(4)), Ok(CommandResponse::Compact(_))));
+    assert_eq!(get(3), Err(KvError::Compacted));
+    assert!(get(4).unwrap().kvs.is_empty(), "reading at the compact revision is allowed");
+    // The deletion at the compact revision stays in history for a watch from there.
+    let mut seen = Vec::new();
+    store
+        .history_from(Revision(4), &mut |rev, rec| {
+            seen.push((rev.main, rec.tombstone));
+            true
+        })
+        .unwrap();
+    assert_eq!(seen, vec![(Revision(4), true), (Revision(5), false)]);
+    assert_eq!(store.history_from(Revision(3), &mut |_, _| true), Err(KvError::Compacted));
+    while store.compact_step(1).unwrap() {}
+    assert!(store.physically_compacted());
+}
