@@ -76,10 +76,10 @@ fn revisions_versions_and_compaction_boundaries() {
     let p = |k: &str, v: &str| {
         Command::Put(PutRequest { key: b(k), value: b(v), ..PutRequest::default() })
     };
-    apply(p("a", "1")); // rev 2
-    apply(p("a", "2")); // rev 3
-    apply(Command::DeleteRange(DeleteRangeRequest { key: b("a"), ..Default::default() })); // rev 4
-    apply(p("a", "3")); // rev 5: a new generation
+    apply(p("a", "1")).unwrap(); // rev 2
+    apply(p("a", "2")).unwrap(); // rev 3
+    apply(Command::DeleteRange(DeleteRangeRequest { key: b("a"), ..Default::default() })).unwrap(); // rev 4
+    apply(p("a", "3")).unwrap(); // rev 5: a new generation
     let get = |rev: i64| {
         store.range(&RangeRequest { key: b("a"), revision: Revision(rev), ..Default::default() })
     };
@@ -89,7 +89,7 @@ fn revisions_versions_and_compaction_boundaries() {
     assert!(get(4).unwrap().kvs.is_empty());
     assert_eq!(get(6), Err(KvError::FutureRev));
     // Deleting nothing does not move the revision.
-    apply(Command::DeleteRange(DeleteRangeRequest { key: b("zz"), ..Default::default() }));
+    apply(Command::DeleteRange(DeleteRangeRequest { key: b("zz"), ..Default::default() })).unwrap();
     assert_eq!(store.current_revision(), Revision(5));
     let compact =
         |r: i64| Command::Compact(CompactRequest { revision: Revision(r), physical: false });
