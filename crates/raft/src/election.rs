@@ -9,11 +9,15 @@ use crate::types::{Entry, EntryPayload, NodeId, Role, Term};
 impl Raft {
     /// A follower's or candidate's tick: campaign once the randomized election timeout passes.
     pub(crate) fn tick_election(&mut self) {
-        self.election_elapsed += 1;
+        self.election_elapsed = self.election_elapsed.saturating_add(1);
         if self.election_elapsed >= self.cfg.election_timeout_ticks {
             self.startup_quiet = false;
         }
-        if self.election_elapsed >= self.randomized_election_timeout {
+        // Only a node that can campaign restarts its timer. One that cannot (a learner, a node
+        // outside the configuration) must keep counting: its timer also decides whether it is
+        // still in a leader's lease, and a timer reset forever would keep it refusing every vote
+        // request (the simulator found a cluster stuck that way; etcd behaves the same).
+        if self.election_elapsed >= self.randomized_election_timeout && self.promotable() {
             self.election_elapsed = 0;
             self.hup(false);
         }
@@ -34,7 +38,7 @@ impl Raft {
 
     /// Only a voter whose applied configuration is current may campaign: with membership changes
     /// still unapplied it might count votes against a stale configuration (etcd does the same).
-    fn promotable(&self) -> bool {
+    pub(crate) fn promotable(&self) -> bool {
         let unapplied_conf_change = self.log.entries().iter().any(|e| {
             e.index > self.log.applied()
                 && e.index <= self.log.committed()

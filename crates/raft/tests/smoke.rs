@@ -39,3 +39,41 @@ fn new_leader_after_isolation_keeps_committed_entries() {
         assert_eq!(c.node(id).state.data, vec![Bytes::from_static(b"x"), Bytes::from_static(b"y")]);
     }
 }
+
+/// Regression (simulator seed 11728): a node that cannot campaign must still leave a leader's
+/// lease once it stops hearing from it, or it refuses every vote request forever and a cluster
+/// that needs its vote never elects a leader.
+#[test]
+fn a_node_that_cannot_campaign_still_leaves_the_lease_and_votes() {
+    use cairn_raft::testkit::{MemNode, MemStorage};
+    use cairn_raft::{LogIndex, Message, MessageBody, Term};
+    for seed in 0..20 {
+        // Outside any configuration: never promotable.
+        let mut n = MemNode::new(Config { seed, ..Config::new(NodeId(5)) }, MemStorage::default());
+        n.raft.step(Message {
+            from: NodeId(4),
+            to: NodeId(5),
+            term: Term(4),
+            body: MessageBody::Heartbeat { commit: LogIndex(0), seq: Default::default() },
+        });
+        n.handle_ready();
+        for _ in 0..40 {
+            n.raft.tick();
+        }
+        n.raft.step(Message {
+            from: NodeId(1),
+            to: NodeId(5),
+            term: Term(5),
+            body: MessageBody::Vote {
+                pre_vote: true,
+                last_index: LogIndex(88),
+                last_term: Term(4),
+                transfer: false,
+            },
+        });
+        let msgs = n.handle_ready().unwrap_or_default();
+        let granted =
+            msgs.iter().any(|m| matches!(m.body, MessageBody::VoteResp { granted: true, .. }));
+        assert!(granted, "seed {seed}: a silent leader's lease must run out");
+    }
+}
