@@ -2,6 +2,7 @@
 //!
 //! - [`wal`]: the segmented write-ahead log for Raft entries, hard state and snapshot markers,
 //!   with checksummed records, group commit, torn-tail repair and segment removal.
+//! - [`lmdb`]: the state machine's history in LMDB (through heed), behind cairn-kv's `Backend`.
 //! - [`fs`]: the narrow file-system seam ([`fs::Dir`], [`fs::File`]) all IO goes through.
 //! - [`faulty`]: an in-memory implementation of that seam that loses unsynced writes on a crash
 //!   and fails operations on demand, for crash tests.
@@ -11,6 +12,7 @@
 pub mod codec;
 pub mod faulty;
 pub mod fs;
+pub mod lmdb;
 mod replay;
 pub mod wal;
 

@@ -1,0 +1,162 @@
+//! The state machine's backend in LMDB (through heed): the kv history and its meta in one
+//! environment, each batch committed in one write transaction.
+//!
+//! Durability: the environment uses `NO_META_SYNC`, so LMDB stays consistent after a crash but
+//! may lose its last commit; that is safe because the WAL is the durability point and a restart
+//! replays it from the applied index this backend reports.
+
+use std::path::{Path, PathBuf};
+
+use cairn_kv::backend::{
+    parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
+};
+use cairn_kv::{Revision, RevisionId};
+use heed::types::Bytes as Raw;
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+
+const META_KEY: &[u8] = b"meta";
+
+fn err(e: heed::Error) -> BackendError {
+    BackendError(format!("lmdb: {e}"))
+}
+
+/// The kv history in an LMDB environment.
+#[derive(Debug)]
+pub struct LmdbBackend {
+    env: Env<WithoutTls>,
+    history: Database<Raw, Raw>,
+    meta: Database<Raw, Raw>,
+    path: PathBuf,
+}
+
+impl LmdbBackend {
+    /// Opens (creating if needed) the environment in directory `path`. `map_size` bounds the
+    /// database's size; it is address space, not memory.
+    pub fn open(path: &Path, map_size: usize) -> Result<LmdbBackend, BackendError> {
+        std::fs::create_dir_all(path)
+            .map_err(|e| BackendError(format!("create {}: {e}", path.display())))?;
+        let mut opts = EnvOpenOptions::new().read_txn_without_tls();
+        opts.map_size(map_size).max_dbs(4).max_readers(1024);
+        // SAFETY: NO_META_SYNC keeps the database consistent (a crash may undo the last commit,
+        // which the WAL replays); NO_READ_AHEAD only affects performance.
+        #[allow(unsafe_code)]
+        unsafe {
+            opts.flags(EnvFlags::NO_META_SYNC | EnvFlags::NO_READ_AHEAD);
+        }
+        // SAFETY: heed requires that an environment is not opened twice in one process and that
+        // its files are not modified behind its back; the engine holds an exclusive lock on the
+        // data directory for as long as the environment is open.
+        #[allow(unsafe_code)]
+        let env = unsafe { opts.open(path) }.map_err(err)?;
+        let mut wtxn = env.write_txn().map_err(err)?;
+        let history = env.create_database(&mut wtxn, Some("history")).map_err(err)?;
+        let meta = env.create_database(&mut wtxn, Some("meta")).map_err(err)?;
+        wtxn.commit().map_err(err)?;
+        Ok(LmdbBackend { env, history, meta, path: path.to_path_buf() })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Makes every commit durable (LMDB otherwise defers its meta page flush).
+    pub fn sync(&self) -> Result<(), BackendError> {
+        self.env.force_sync().map_err(err)
+    }
+}
+
+fn encode_meta(m: &Meta) -> [u8; 32] {
+    let mut out = [0u8; 32];
+    out[..8].copy_from_slice(&m.applied_index.to_be_bytes());
+    out[8..16].copy_from_slice(&m.current.0.to_be_bytes());
+    out[16..24].copy_from_slice(&m.compacted.0.to_be_bytes());
+    out[24..].copy_from_slice(&m.compacted_physically.0.to_be_bytes());
+    out
+}
+
+fn decode_meta(raw: &[u8]) -> Result<Meta, BackendError> {
+    let raw: &[u8; 32] = raw.try_into().map_err(|_| BackendError("bad meta record".into()))?;
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&raw[i * 8..i * 8 + 8]);
+        w
+    };
+    Ok(Meta {
+        applied_index: u64::from_be_bytes(word(0)),
+        current: Revision(i64::from_be_bytes(word(1))),
+        compacted: Revision(i64::from_be_bytes(word(2))),
+        compacted_physically: Revision(i64::from_be_bytes(word(3))),
+    })
+}
+
+/// A read transaction: a consistent snapshot for as long as it lives.
+pub struct LmdbView<'a> {
+    txn: RoTxn<'a, WithoutTls>,
+    history: Database<Raw, Raw>,
+    meta: Database<Raw, Raw>,
+}
+
+impl std::fmt::Debug for LmdbView<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("LmdbView")
+    }
+}
+
+impl Backend for LmdbBackend {
+    type View<'a> = LmdbView<'a>;
+
+    fn view(&self) -> Result<LmdbView<'_>, BackendError> {
+        let txn = self.env.read_txn().map_err(err)?;
+        Ok(LmdbView { txn, history: self.history, meta: self.meta })
+    }
+
+    fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
+        let mut wtxn = self.env.write_txn().map_err(err)?;
+        for (rev, rec) in &batch.puts {
+            self.history.put(&mut wtxn, &revision_key(*rev), rec).map_err(err)?;
+        }
+        for rev in &batch.deletes {
+            self.history.delete(&mut wtxn, &revision_key(*rev)).map_err(err)?;
+        }
+        if let Some(m) = &batch.meta {
+            self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err)?;
+        }
+        wtxn.commit().map_err(err)
+    }
+
+    fn size_bytes(&self) -> u64 {
+        self.env.real_disk_size().unwrap_or(0)
+    }
+}
+
+impl BackendView for LmdbView<'_> {
+    fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError> {
+        match self.history.get(&self.txn, &revision_key(rev)).map_err(err)? {
+            Some(raw) => Record::decode(raw).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn scan(
+        &self,
+        from: RevisionId,
+        visit: &mut dyn FnMut(RevisionId, Record) -> bool,
+    ) -> Result<(), BackendError> {
+        let start = revision_key(from);
+        let range = (std::ops::Bound::Included(&start[..]), std::ops::Bound::Unbounded);
+        for item in self.history.range(&self.txn, &range).map_err(err)? {
+            let (k, v) = item.map_err(err)?;
+            if !visit(parse_revision_key(k)?, Record::decode(v)?) {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    fn meta(&self) -> Result<Meta, BackendError> {
+        match self.meta.get(&self.txn, META_KEY).map_err(err)? {
+            Some(raw) => decode_meta(raw),
+            None => Ok(Meta::default()),
+        }
+    }
+}
