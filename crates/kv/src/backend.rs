@@ -133,6 +133,8 @@ pub trait Backend: Send + Sync {
         Self: 'a;
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
+    /// Makes every commit so far durable. The WAL may be compacted only up to what this covers.
+    fn sync(&self) -> Result<(), BackendError>;
     /// Approximate bytes used on disk.
     fn size_bytes(&self) -> u64;
 }
@@ -175,6 +177,10 @@ impl Backend for MemBackend {
         if let Some(meta) = batch.meta {
             s.1 = meta;
         }
+        Ok(())
+    }
+
+    fn sync(&self) -> Result<(), BackendError> {
         Ok(())
     }
 

@@ -112,6 +112,14 @@ impl<B: Backend> Store<B> {
         self.backend.size_bytes()
     }
 
+    /// Makes everything applied so far durable in the backend; returns the applied index covered.
+    pub fn sync(&self) -> Result<u64, BackendError> {
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let applied = self.read().applied_index;
+        self.backend.sync()?;
+        Ok(applied)
+    }
+
     pub fn key_count(&self) -> usize {
         self.read().index.key_count()
     }

@@ -22,6 +22,9 @@ impl Backend for Shared {
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
         self.0.commit(batch)
     }
+    fn sync(&self) -> Result<(), BackendError> {
+        self.0.sync()
+    }
     fn size_bytes(&self) -> u64 {
         self.0.size_bytes()
     }

@@ -48,9 +48,9 @@ impl Options {
     pub fn for_seed(seed: u64) -> Options {
         Options {
             seed,
-            voters: if seed % 2 == 0 { 3 } else { 5 },
+            voters: if seed.is_multiple_of(2) { 3 } else { 5 },
             spares: 2,
-            read_mode: if seed % 3 == 0 { ReadMode::Lease } else { ReadMode::Safe },
+            read_mode: if seed.is_multiple_of(3) { ReadMode::Lease } else { ReadMode::Safe },
             membership: true,
             fault_ticks: 600,
             liveness_ticks: 200,

@@ -448,7 +448,7 @@ impl World {
         let mut probe_index = None;
         while self.now < deadline {
             self.step(false)?;
-            if self.now % (5 * TICK_UNITS) == 0 && probe_index.is_none() {
+            if self.now.is_multiple_of(5 * TICK_UNITS) && probe_index.is_none() {
                 if let Some(&leader) = self.leaders().first() {
                     let raft = self.nodes.get_mut(&leader).and_then(|n| n.raft.as_mut());
                     let _ = raft.map(|r| r.propose(probe.clone()));

@@ -58,11 +58,6 @@ impl LmdbBackend {
     pub fn path(&self) -> &Path {
         &self.path
     }
-
-    /// Makes every commit durable (LMDB otherwise defers its meta page flush).
-    pub fn sync(&self) -> Result<(), BackendError> {
-        self.env.force_sync().map_err(err)
-    }
 }
 
 fn encode_meta(m: &Meta) -> [u8; 32] {
@@ -122,6 +117,11 @@ impl Backend for LmdbBackend {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err)?;
         }
         wtxn.commit().map_err(err)
+    }
+
+    /// Makes every commit durable (LMDB otherwise defers its meta page flush).
+    fn sync(&self) -> Result<(), BackendError> {
+        self.env.force_sync().map_err(err)
     }
 
     fn size_bytes(&self) -> u64 {

@@ -1,0 +1,315 @@
+//! The binary encoding of replicated commands: what a Raft entry's data holds.
+//!
+//! `version u8 (=1) | request id u64 | command`, where a command is a tag byte followed by its
+//! fields; byte strings are `len u32 | bytes`, numbers big-endian, booleans one byte. Decoding
+//! never panics: a malformed entry is an error (and a bug, since only this code writes them).
+
+use bytes::{Buf, BufMut, Bytes};
+use cairn_kv::*;
+
+const VERSION: u8 = 1;
+
+/// A decoding failure.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecodeError(&'static str);
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "malformed command: {}", self.0)
+    }
+}
+
+impl std::error::Error for DecodeError {}
+
+struct W(Vec<u8>);
+
+impl W {
+    fn bytes(&mut self, b: &[u8]) {
+        self.0.put_u32(b.len() as u32);
+        self.0.put_slice(b);
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.put_i64(v);
+    }
+    fn u8(&mut self, v: u8) {
+        self.0.put_u8(v);
+    }
+    fn bool(&mut self, v: bool) {
+        self.0.put_u8(u8::from(v));
+    }
+}
+
+struct R<'a>(&'a [u8]);
+
+impl R<'_> {
+    fn need(&self, n: usize) -> Result<(), DecodeError> {
+        if self.0.len() < n {
+            Err(DecodeError("truncated"))
+        } else {
+            Ok(())
+        }
+    }
+    fn bytes(&mut self) -> Result<Bytes, DecodeError> {
+        self.need(4)?;
+        let n = self.0.get_u32() as usize;
+        self.need(n)?;
+        let b = Bytes::copy_from_slice(&self.0[..n]);
+        self.0.advance(n);
+        Ok(b)
+    }
+    fn i64(&mut self) -> Result<i64, DecodeError> {
+        self.need(8)?;
+        Ok(self.0.get_i64())
+    }
+    fn u8(&mut self) -> Result<u8, DecodeError> {
+        self.need(1)?;
+        Ok(self.0.get_u8())
+    }
+    fn bool(&mut self) -> Result<bool, DecodeError> {
+        Ok(self.u8()? != 0)
+    }
+    fn count(&mut self) -> Result<usize, DecodeError> {
+        self.need(4)?;
+        let n = self.0.get_u32() as usize;
+        // Each element takes at least one byte: a count beyond the input is corrupt.
+        if n > self.0.len() {
+            return Err(DecodeError("count beyond input"));
+        }
+        Ok(n)
+    }
+}
+
+/// Encodes a command proposed under `request_id`.
+pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
+    let mut w = W(Vec::with_capacity(64));
+    w.u8(VERSION);
+    w.0.put_u64(request_id);
+    match cmd {
+        Command::Put(p) => {
+            w.u8(1);
+            put(&mut w, p);
+        }
+        Command::DeleteRange(d) => {
+            w.u8(2);
+            delete(&mut w, d);
+        }
+        Command::Txn(t) => {
+            w.u8(3);
+            txn(&mut w, t);
+        }
+        Command::Compact(c) => {
+            w.u8(4);
+            w.i64(c.revision.0);
+            w.bool(c.physical);
+        }
+    }
+    w.0.into()
+}
+
+/// Decodes an entry's data into its request id and command.
+pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
+    let mut r = R(raw);
+    if r.u8()? != VERSION {
+        return Err(DecodeError("unknown version"));
+    }
+    r.need(8)?;
+    let id = r.0.get_u64();
+    let cmd = match r.u8()? {
+        1 => Command::Put(get_put(&mut r)?),
+        2 => Command::DeleteRange(get_delete(&mut r)?),
+        3 => Command::Txn(get_txn(&mut r, 0)?),
+        4 => Command::Compact(CompactRequest { revision: Revision(r.i64()?), physical: r.bool()? }),
+        _ => return Err(DecodeError("unknown command")),
+    };
+    if !r.0.is_empty() {
+        return Err(DecodeError("trailing bytes"));
+    }
+    Ok((id, cmd))
+}
+
+fn put(w: &mut W, p: &PutRequest) {
+    w.bytes(&p.key);
+    w.bytes(&p.value);
+    w.i64(p.lease.0);
+    w.bool(p.prev_kv);
+    w.bool(p.ignore_value);
+    w.bool(p.ignore_lease);
+}
+
+fn get_put(r: &mut R<'_>) -> Result<PutRequest, DecodeError> {
+    Ok(PutRequest {
+        key: r.bytes()?,
+        value: r.bytes()?,
+        lease: LeaseId(r.i64()?),
+        prev_kv: r.bool()?,
+        ignore_value: r.bool()?,
+        ignore_lease: r.bool()?,
+    })
+}
+
+fn delete(w: &mut W, d: &DeleteRangeRequest) {
+    w.bytes(&d.key);
+    w.bytes(&d.range_end);
+    w.bool(d.prev_kv);
+}
+
+fn get_delete(r: &mut R<'_>) -> Result<DeleteRangeRequest, DecodeError> {
+    Ok(DeleteRangeRequest { key: r.bytes()?, range_end: r.bytes()?, prev_kv: r.bool()? })
+}
+
+fn range(w: &mut W, q: &RangeRequest) {
+    w.bytes(&q.key);
+    w.bytes(&q.range_end);
+    w.i64(q.limit);
+    w.i64(q.revision.0);
+    w.u8(q.sort_order as u8);
+    w.u8(q.sort_target as u8);
+    w.bool(q.serializable);
+    w.bool(q.keys_only);
+    w.bool(q.count_only);
+    for r in [q.min_mod_revision, q.max_mod_revision, q.min_create_revision, q.max_create_revision]
+    {
+        w.i64(r.0);
+    }
+}
+
+fn get_range(r: &mut R<'_>) -> Result<RangeRequest, DecodeError> {
+    let key = r.bytes()?;
+    let range_end = r.bytes()?;
+    let limit = r.i64()?;
+    let revision = Revision(r.i64()?);
+    let sort_order = match r.u8()? {
+        0 => SortOrder::None,
+        1 => SortOrder::Ascend,
+        2 => SortOrder::Descend,
+        _ => return Err(DecodeError("bad sort order")),
+    };
+    let sort_target = match r.u8()? {
+        0 => SortTarget::Key,
+        1 => SortTarget::Version,
+        2 => SortTarget::Create,
+        3 => SortTarget::Mod,
+        4 => SortTarget::Value,
+        _ => return Err(DecodeError("bad sort target")),
+    };
+    Ok(RangeRequest {
+        key,
+        range_end,
+        limit,
+        revision,
+        sort_order,
+        sort_target,
+        serializable: r.bool()?,
+        keys_only: r.bool()?,
+        count_only: r.bool()?,
+        min_mod_revision: Revision(r.i64()?),
+        max_mod_revision: Revision(r.i64()?),
+        min_create_revision: Revision(r.i64()?),
+        max_create_revision: Revision(r.i64()?),
+    })
+}
+
+fn compare(w: &mut W, c: &Compare) {
+    w.bytes(&c.key);
+    w.bytes(&c.range_end);
+    w.u8(c.result as u8);
+    match &c.target {
+        CompareTarget::Version(v) => {
+            w.u8(0);
+            w.i64(*v);
+        }
+        CompareTarget::Create(r) => {
+            w.u8(1);
+            w.i64(r.0);
+        }
+        CompareTarget::Mod(r) => {
+            w.u8(2);
+            w.i64(r.0);
+        }
+        CompareTarget::Value(v) => {
+            w.u8(3);
+            w.bytes(v);
+        }
+        CompareTarget::Lease(l) => {
+            w.u8(4);
+            w.i64(l.0);
+        }
+    }
+}
+
+fn get_compare(r: &mut R<'_>) -> Result<Compare, DecodeError> {
+    let key = r.bytes()?;
+    let range_end = r.bytes()?;
+    let result = match r.u8()? {
+        0 => CompareResult::Equal,
+        1 => CompareResult::Greater,
+        2 => CompareResult::Less,
+        3 => CompareResult::NotEqual,
+        _ => return Err(DecodeError("bad compare result")),
+    };
+    let target = match r.u8()? {
+        0 => CompareTarget::Version(r.i64()?),
+        1 => CompareTarget::Create(Revision(r.i64()?)),
+        2 => CompareTarget::Mod(Revision(r.i64()?)),
+        3 => CompareTarget::Value(r.bytes()?),
+        4 => CompareTarget::Lease(LeaseId(r.i64()?)),
+        _ => return Err(DecodeError("bad compare target")),
+    };
+    Ok(Compare { key, range_end, target, result })
+}
+
+fn txn(w: &mut W, t: &TxnRequest) {
+    w.0.put_u32(t.compare.len() as u32);
+    for c in &t.compare {
+        compare(w, c);
+    }
+    for branch in [&t.success, &t.failure] {
+        w.0.put_u32(branch.len() as u32);
+        for op in branch {
+            match op {
+                RequestOp::Range(q) => {
+                    w.u8(0);
+                    range(w, q);
+                }
+                RequestOp::Put(p) => {
+                    w.u8(1);
+                    put(w, p);
+                }
+                RequestOp::DeleteRange(d) => {
+                    w.u8(2);
+                    delete(w, d);
+                }
+                RequestOp::Txn(n) => {
+                    w.u8(3);
+                    txn(w, n);
+                }
+            }
+        }
+    }
+}
+
+/// Nesting deeper than this is refused, so hostile input cannot exhaust the stack.
+const MAX_DEPTH: u32 = 64;
+
+fn get_txn(r: &mut R<'_>, depth: u32) -> Result<TxnRequest, DecodeError> {
+    if depth > MAX_DEPTH {
+        return Err(DecodeError("transactions nested too deeply"));
+    }
+    let n = r.count()?;
+    let compare = (0..n).map(|_| get_compare(r)).collect::<Result<_, _>>()?;
+    let mut branches = [Vec::new(), Vec::new()];
+    for branch in &mut branches {
+        let n = r.count()?;
+        for _ in 0..n {
+            branch.push(match r.u8()? {
+                0 => RequestOp::Range(get_range(r)?),
+                1 => RequestOp::Put(get_put(r)?),
+                2 => RequestOp::DeleteRange(get_delete(r)?),
+                3 => RequestOp::Txn(get_txn(r, depth + 1)?),
+                _ => return Err(DecodeError("bad request op")),
+            });
+        }
+    }
+    let [success, failure] = branches;
+    Ok(TxnRequest { compare, success, failure })
+}

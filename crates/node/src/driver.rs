@@ -1,0 +1,340 @@
+//! The driver thread: the only owner of the Raft core and the WAL.
+//!
+//! Each turn of its loop takes every queued request (so many proposals share one `Ready` and one
+//! fsync), ticks the core when a tick is due, and handles each `Ready` in the order its contract
+//! gives: persist to the WAL and fsync, apply committed entries to the store, answer the callers
+//! whose commands were applied, release reads whose index is applied, then advance. Any storage
+//! error stops the engine: every caller gets `Stopped` and nothing more is written (fail-stop).
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+use cairn_kv::{Command, CommandResponse};
+use cairn_raft::{
+    ConfState, Config, EntryPayload, LogIndex, NodeId, Persisted, Raft, ReadCtx, Role, Snapshot,
+};
+use cairn_storage::fs::OsDir;
+use cairn_storage::{Wal, WalOptions};
+use tokio::sync::oneshot;
+
+use crate::engine::{EngineConfig, Shared};
+use crate::error::EngineError;
+
+type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+pub(crate) enum Input {
+    Propose { id: u64, data: Bytes, reply: Reply<CommandResponse> },
+    ReadIndex { reply: Reply<()> },
+    Stop,
+}
+
+/// Requests a driver turn takes at most before handling the core's output.
+const BATCH_MAX: usize = 4096;
+/// History records physical compaction removes per step.
+const COMPACT_STEP: usize = 1024;
+
+pub(crate) struct Driver {
+    raft: Raft,
+    wal: Wal<OsDir>,
+    shared: Arc<Shared>,
+    rx: Receiver<Input>,
+    tick: std::time::Duration,
+    /// Proposals in flight, by request id.
+    proposals: HashMap<u64, Reply<CommandResponse>>,
+    /// Reads waiting for their read state, by context.
+    reads: HashMap<u64, Reply<()>>,
+    /// Reads whose index is known, waiting for the store to apply it.
+    read_waits: Vec<(LogIndex, Reply<()>)>,
+    /// Physical compactions waiting for their removal to finish.
+    physical: Vec<Reply<CommandResponse>>,
+    physical_done: Vec<CommandResponse>,
+    next_read: u64,
+    snapshot_entries: u64,
+    last_snapshot: LogIndex,
+}
+
+fn storage_failure(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Stopped(format!("storage failure: {e}"))
+}
+
+impl Driver {
+    pub(crate) fn open(
+        cfg: &EngineConfig,
+        id: u64,
+        member_dir: &Path,
+        shared: Arc<Shared>,
+        rx: Receiver<Input>,
+    ) -> Result<Driver, EngineError> {
+        let wal_dir =
+            OsDir::create(member_dir.join("wal")).map_err(|e| EngineError::Open(e.to_string()))?;
+        let (mut wal, rec) =
+            Wal::open(wal_dir, WalOptions { segment_bytes: cfg.wal_segment_bytes })
+                .map_err(|e| EngineError::Open(e.to_string()))?;
+        let fresh = rec.entries.is_empty() && rec.snapshot.is_none() && rec.hard_state.term.0 == 0;
+        let persisted = if fresh {
+            // A new single-member cluster: persist the founding configuration before anything.
+            let p = Persisted::bootstrap(ConfState::with_voters([NodeId(id)]));
+            wal.append(&p.entries, Some(&p.hard_state))
+                .map_err(|e| EngineError::Open(e.to_string()))?;
+            wal.sync().map_err(|e| EngineError::Open(e.to_string()))?;
+            p
+        } else {
+            let snapshot =
+                rec.snapshot.map(|meta| Snapshot { meta, data: Bytes::new() }).unwrap_or_default();
+            Persisted { hard_state: rec.hard_state, snapshot, entries: rec.entries }
+        };
+        let last_snapshot = persisted.snapshot.meta.index;
+        let mut rcfg = Config::new(NodeId(id));
+        rcfg.election_timeout_ticks = cfg.election_ticks;
+        rcfg.heartbeat_interval_ticks = cfg.heartbeat_ticks;
+        rcfg.seed = id;
+        let raft = Raft::new(rcfg, persisted).map_err(|e| EngineError::Open(e.to_string()))?;
+        Ok(Driver {
+            raft,
+            wal,
+            shared,
+            rx,
+            tick: cfg.tick_interval,
+            proposals: HashMap::new(),
+            reads: HashMap::new(),
+            read_waits: Vec::new(),
+            physical: Vec::new(),
+            physical_done: Vec::new(),
+            next_read: 0,
+            snapshot_entries: cfg.snapshot_entries,
+            last_snapshot,
+        })
+    }
+
+    /// Runs until stopped or a storage error. Reports on `started` once replay is done and this
+    /// member leads.
+    pub(crate) fn run(mut self, started: Sender<Result<(), EngineError>>) {
+        let result = self.start().and_then(|()| {
+            let _ = started.send(Ok(()));
+            self.serve()
+        });
+        if let Err(e) = result {
+            let why = e.to_string();
+            self.shared.status.lock().unwrap_or_else(|p| p.into_inner()).failure =
+                Some(why.clone());
+            let _ = started.send(Err(e));
+            self.fail_all(&why);
+        }
+    }
+
+    /// Replays the log and elects this member (alone, it wins at once).
+    fn start(&mut self) -> Result<(), EngineError> {
+        self.drain_ready()?;
+        for _ in 0..1000 {
+            if self.raft.role() == Role::Leader
+                && self.raft.applied_index() >= self.raft.commit_index()
+            {
+                return Ok(());
+            }
+            if self.raft.role() != Role::Leader {
+                self.raft.campaign();
+            }
+            self.drain_ready()?;
+        }
+        Err(EngineError::Open(
+            "this member did not become leader of its single-member cluster".into(),
+        ))
+    }
+
+    fn serve(&mut self) -> Result<(), EngineError> {
+        let mut next_tick = Instant::now() + self.tick;
+        loop {
+            let wait = next_tick.saturating_duration_since(Instant::now());
+            let wait = if self.has_background_work() { std::time::Duration::ZERO } else { wait };
+            match self.rx.recv_timeout(wait) {
+                Ok(Input::Stop) => return self.stop(),
+                Ok(input) => {
+                    self.accept(input);
+                    for _ in 1..BATCH_MAX {
+                        match self.rx.try_recv() {
+                            Ok(Input::Stop) => return self.stop(),
+                            Ok(input) => self.accept(input),
+                            Err(_) => break,
+                        }
+                    }
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return self.stop(),
+            }
+            if Instant::now() >= next_tick {
+                self.raft.tick();
+                next_tick += self.tick;
+            }
+            self.drain_ready()?;
+            self.background()?;
+        }
+    }
+
+    fn stop(&mut self) -> Result<(), EngineError> {
+        self.fail_all("engine stopped");
+        Ok(())
+    }
+
+    fn fail_all(&mut self, why: &str) {
+        let err = || EngineError::Stopped(why.to_string());
+        for (_, r) in self.proposals.drain() {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.reads.drain() {
+            let _ = r.send(Err(err()));
+        }
+        for (_, r) in self.read_waits.drain(..) {
+            let _ = r.send(Err(err()));
+        }
+        for r in self.physical.drain(..) {
+            let _ = r.send(Err(err()));
+        }
+    }
+
+    fn accept(&mut self, input: Input) {
+        match input {
+            Input::Propose { id, data, reply } => match self.raft.propose(data) {
+                Ok(()) => {
+                    self.proposals.insert(id, reply);
+                }
+                Err(_) => {
+                    let _ = reply.send(Err(EngineError::NoLeader));
+                }
+            },
+            Input::ReadIndex { reply } => {
+                self.next_read += 1;
+                let ctx = ReadCtx(Bytes::copy_from_slice(&self.next_read.to_be_bytes()));
+                match self.raft.read_index(ctx) {
+                    Ok(()) => {
+                        self.reads.insert(self.next_read, reply);
+                    }
+                    Err(_) => {
+                        let _ = reply.send(Err(EngineError::NoLeader));
+                    }
+                }
+            }
+            Input::Stop => {}
+        }
+    }
+
+    fn drain_ready(&mut self) -> Result<(), EngineError> {
+        while self.raft.has_ready() {
+            self.handle_ready()?;
+        }
+        Ok(())
+    }
+
+    fn handle_ready(&mut self) -> Result<(), EngineError> {
+        let rd = self.raft.ready();
+        // A single member sends no messages; with peers they go out here (issue: clustering).
+        if !rd.entries.is_empty() || rd.hard_state.is_some() {
+            self.wal.append(&rd.entries, rd.hard_state.as_ref()).map_err(storage_failure)?;
+            self.wal.sync().map_err(storage_failure)?;
+        }
+        self.apply(&rd.committed_entries)?;
+        for rs in rd.read_states {
+            let Ok(raw) = <[u8; 8]>::try_from(rs.ctx.0.as_ref()) else { continue };
+            if let Some(reply) = self.reads.remove(&u64::from_be_bytes(raw)) {
+                self.read_waits.push((rs.index, reply));
+            }
+        }
+        self.raft.advance();
+        self.release_reads();
+        self.publish_status();
+        self.maybe_snapshot()
+    }
+
+    fn apply(&mut self, entries: &[cairn_raft::Entry]) -> Result<(), EngineError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
+        let mut decoded: Vec<(u64, Option<(u64, Command)>)> = Vec::with_capacity(entries.len());
+        for e in entries {
+            let cmd = match &e.payload {
+                EntryPayload::Normal(data) if !data.is_empty() => {
+                    Some(crate::command::decode(data).map_err(storage_failure)?)
+                }
+                _ => None,
+            };
+            decoded.push((e.index.0, cmd));
+        }
+        let batch: Vec<_> =
+            decoded.iter().map(|(i, c)| (*i, c.as_ref().map(|(_, cmd)| cmd))).collect();
+        let outcomes = self.shared.store.apply(&batch).map_err(storage_failure)?;
+        for ((_, cmd), outcome) in decoded.into_iter().zip(outcomes) {
+            let (Some((id, cmd)), Some(outcome)) = (cmd, outcome) else { continue };
+            let Some(reply) = self.proposals.remove(&id) else { continue };
+            let physical = matches!(&cmd, Command::Compact(c) if c.physical);
+            match outcome {
+                Ok(resp) if physical => {
+                    self.physical.push(reply);
+                    self.physical_done.push(resp);
+                }
+                Ok(resp) => {
+                    let _ = reply.send(Ok(resp));
+                }
+                Err(e) => {
+                    let _ = reply.send(Err(EngineError::Kv(e)));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn release_reads(&mut self) {
+        let applied = LogIndex(self.shared.store.applied_index());
+        let (ready, waiting): (Vec<_>, Vec<_>) =
+            self.read_waits.drain(..).partition(|(i, _)| *i <= applied);
+        self.read_waits = waiting;
+        for (_, reply) in ready {
+            let _ = reply.send(Ok(()));
+        }
+    }
+
+    fn publish_status(&self) {
+        let mut s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        s.leader = self.raft.leader().map(|l| l.0);
+        s.raft_term = self.raft.term().0;
+        s.raft_index = self.raft.last_index().0;
+        s.raft_applied_index = self.raft.applied_index().0;
+    }
+
+    /// Compacts the Raft log and the WAL once enough entries were applied. The store is synced
+    /// first: the WAL must keep every entry the store might lose in a crash.
+    fn maybe_snapshot(&mut self) -> Result<(), EngineError> {
+        let applied = self.raft.applied_index();
+        if applied.0 < self.last_snapshot.0 + self.snapshot_entries {
+            return Ok(());
+        }
+        self.shared.store.sync().map_err(storage_failure)?;
+        if let Some(meta) = self.raft.compact(Bytes::new()) {
+            self.wal.save_compaction(&meta).map_err(storage_failure)?;
+            self.wal.sync().map_err(storage_failure)?;
+            self.wal.compact(meta.index).map_err(storage_failure)?;
+            self.last_snapshot = meta.index;
+        }
+        Ok(())
+    }
+
+    fn has_background_work(&self) -> bool {
+        !self.shared.store.physically_compacted()
+    }
+
+    /// One bounded step of physical compaction, so reads and writes never wait for all of it.
+    fn background(&mut self) -> Result<(), EngineError> {
+        if !self.has_background_work() {
+            return Ok(());
+        }
+        let more = self.shared.store.compact_step(COMPACT_STEP).map_err(storage_failure)?;
+        if !more {
+            for (reply, resp) in self.physical.drain(..).zip(self.physical_done.drain(..)) {
+                let _ = reply.send(Ok(resp));
+            }
+        }
+        Ok(())
+    }
+}

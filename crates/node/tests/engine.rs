@@ -1,0 +1,171 @@
+//! The engine end to end on real files: operations, restarts, log compaction, exclusive use of
+//! the data directory, and a crash test that kills a writing process and checks that every
+//! acknowledged write survives.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command as Proc, Stdio};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_kv::*;
+use cairn_node::{Engine, EngineConfig, EngineError};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cairn-engine-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn b(s: impl Into<String>) -> Bytes {
+    Bytes::from(s.into())
+}
+
+fn get_req(k: &str) -> RangeRequest {
+    RangeRequest { key: b(k), ..RangeRequest::default() }
+}
+
+fn put_req(k: &str, v: &str) -> PutRequest {
+    PutRequest { key: b(k), value: b(v), ..PutRequest::default() }
+}
+
+#[tokio::test]
+async fn every_operation_works_end_to_end() {
+    let dir = temp_dir("ops");
+    let e = Engine::open(EngineConfig::new("ops", &dir)).unwrap();
+    assert_eq!(e.status().revision, Revision(1));
+    let r1 = e.put(put_req("a", "1")).await.unwrap();
+    assert_eq!(r1.revision, Revision(2));
+    let r2 = e.put(PutRequest { prev_kv: true, ..put_req("a", "2") }).await.unwrap();
+    assert_eq!(r2.prev_kv.unwrap().value, b("1"));
+    let got = e.range(get_req("a")).await.unwrap();
+    assert_eq!((got.kvs[0].version, got.revision), (2, Revision(3)));
+    let serial = e.range(RangeRequest { serializable: true, ..get_req("a") }).await.unwrap();
+    assert_eq!(serial.kvs, got.kvs);
+    // The Kubernetes create shape: succeed only if the key does not exist.
+    let create = TxnRequest {
+        compare: vec![Compare {
+            key: b("b"),
+            range_end: Bytes::new(),
+            target: CompareTarget::Mod(Revision(0)),
+            result: CompareResult::Equal,
+        }],
+        success: vec![RequestOp::Put(put_req("b", "x"))],
+        failure: vec![],
+    };
+    assert!(e.txn(create.clone()).await.unwrap().succeeded);
+    assert!(!e.txn(create).await.unwrap().succeeded);
+    let del =
+        e.delete_range(DeleteRangeRequest { key: b("a"), ..Default::default() }).await.unwrap();
+    assert_eq!(del.deleted, 1);
+    e.compact(CompactRequest { revision: Revision(3), physical: true }).await.unwrap();
+    let old = e.range(RangeRequest { revision: Revision(2), ..get_req("a") }).await;
+    assert_eq!(old, Err(EngineError::Kv(KvError::Compacted)));
+    assert_eq!(e.range(get_req("")).await, Err(EngineError::Kv(KvError::EmptyKey)));
+    let big =
+        PutRequest { key: b("big"), value: Bytes::from(vec![0u8; 2 << 20]), ..Default::default() };
+    assert_eq!(e.put(big).await, Err(EngineError::RequestTooLarge));
+    let status = e.status();
+    assert_eq!(status.leader, Some(status.member_id));
+    e.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn restarts_keep_every_acknowledged_write_across_log_compaction() {
+    let dir = temp_dir("restart");
+    let mut cfg = EngineConfig::new("restart", &dir);
+    cfg.snapshot_entries = 50;
+    cfg.wal_segment_bytes = 16 << 10;
+    for round in 0..3 {
+        let e = Engine::open(cfg.clone()).unwrap();
+        for i in 0..200 {
+            e.put(put_req(&format!("k{round}-{i:03}"), &format!("v{i}"))).await.unwrap();
+        }
+        e.stop();
+    }
+    let e = Engine::open(cfg).unwrap();
+    let all =
+        RangeRequest { key: b("k"), range_end: b("l"), count_only: true, ..Default::default() };
+    assert_eq!(e.range(all).await.unwrap().count, 600);
+    assert_eq!(e.status().revision, Revision(601));
+    let wal_files = std::fs::read_dir(dir.join("member/wal")).unwrap().count();
+    assert!(wal_files < 20, "old WAL segments are removed after compaction: {wal_files}");
+    e.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_data_directory_serves_one_engine_at_a_time() {
+    let dir = temp_dir("lock");
+    let first = Engine::open(EngineConfig::new("one", &dir)).unwrap();
+    match Engine::open(EngineConfig::new("two", &dir)) {
+        Err(EngineError::Open(msg)) => assert!(msg.contains("in use"), "{msg}"),
+        other => panic!("expected the directory to be locked, got {other:?}"),
+    }
+    first.stop();
+    drop(first);
+    Engine::open(EngineConfig::new("again", &dir)).unwrap().stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// Run as a child process by the crash test: writes keys forever, printing each acknowledged
+/// one. Does nothing when run as an ordinary test.
+#[test]
+fn crash_child_writer() {
+    let Ok(dir) = std::env::var("CAIRN_CRASH_DIR") else { return };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut cfg = EngineConfig::new("crash", Path::new(&dir));
+        cfg.snapshot_entries = 100;
+        cfg.wal_segment_bytes = 32 << 10;
+        let e = Engine::open(cfg).unwrap();
+        let start: u64 = std::env::var("CAIRN_CRASH_START").unwrap().parse().unwrap();
+        for i in start.. {
+            let key = format!("key{i:08}");
+            e.put(put_req(&key, &format!("value{i}"))).await.unwrap();
+            println!("ACK {key}");
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_killed_writer_loses_no_acknowledged_write() {
+    let dir = temp_dir("crash");
+    let exe = std::env::current_exe().unwrap();
+    let mut acked: Vec<String> = Vec::new();
+    for (round, kill_after) in [5usize, 40, 1, 150, 17].into_iter().enumerate() {
+        let mut child = Proc::new(&exe)
+            .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+            .env("CAIRN_CRASH_DIR", &dir)
+            .env("CAIRN_CRASH_START", (round * 100_000).to_string())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut seen = 0;
+        while seen < kill_after && Instant::now() < deadline {
+            match lines.next() {
+                Some(Ok(line)) => {
+                    if let Some(key) = line.strip_prefix("ACK ") {
+                        acked.push(key.to_string());
+                        seen += 1;
+                    }
+                }
+                _ => break,
+            }
+        }
+        child.kill().unwrap(); // SIGKILL: no chance to flush anything
+        child.wait().unwrap();
+        assert_eq!(seen, kill_after, "round {round}: the writer stopped early");
+        let e = Engine::open(EngineConfig::new("check", &dir)).unwrap();
+        for key in &acked {
+            let got = e.range(get_req(key)).await.unwrap();
+            assert_eq!(got.kvs.len(), 1, "round {round}: acknowledged {key} was lost");
+        }
+        e.stop();
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
