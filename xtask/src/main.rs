@@ -6,7 +6,9 @@
 //!    planted-bug tests, the tidy checks in this crate) and doc tests;
 //! 4. documentation builds without warnings;
 //! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
-//!    300 seeds at ten times the fault rate.
+//!    300 seeds at ten times the fault rate;
+//! 6. the compatibility suites against a release `cairn`: Debian's etcdctl (installed with apt
+//!    if missing) and the official Go client (`tests/compat`, modules from the Go proxy).
 //!
 //! `cargo xtask sim-soak` runs the longer simulation documented for humans.
 
@@ -59,6 +61,55 @@ fn ensure_components() -> Result<(), String> {
     }
 }
 
+fn run(dir: &str, program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+    let started = Instant::now();
+    println!("==> {program} {}", args.join(" "));
+    let mut cmd = Command::new(program);
+    cmd.args(args).current_dir(dir);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let status = cmd.status().map_err(|e| format!("cannot run {program}: {e}"))?;
+    println!("    ({:.1}s)", started.elapsed().as_secs_f64());
+    if status.success() {
+        Ok(())
+    } else {
+        Err(format!("`{program} {}` failed ({status})", args.join(" ")))
+    }
+}
+
+fn have(program: &str) -> bool {
+    Command::new(program).arg("version").output().is_ok()
+}
+
+/// Debian's etcdctl, for the smoke test; installed if missing (CI runs as root).
+fn ensure_etcdctl() -> Result<(), String> {
+    if have("etcdctl") {
+        return Ok(());
+    }
+    run(".", "apt-get", &["update", "-qq"], &[])?;
+    run(
+        ".",
+        "apt-get",
+        &["install", "-y", "-qq", "--no-install-recommends", "etcd-client"],
+        &[("DEBIAN_FRONTEND", "noninteractive")],
+    )
+}
+
+/// The compatibility suites that drive a real `cairn` binary: etcdctl and the Go client.
+fn compat() -> Result<(), String> {
+    cargo(&["build", "--release", "--quiet", "--package", "cairn"], &[])?;
+    let root = std::env::current_dir().map_err(|e| e.to_string())?;
+    let bin = root.join("target/release/cairn");
+    let bin = bin.to_str().ok_or("non-UTF-8 path")?;
+    ensure_etcdctl()?;
+    run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
+    if !have("go") {
+        return Err("Go is needed for tests/compat (the official etcd client); install it".into());
+    }
+    run("tests/compat", "go", &["test", "-count=1", "./..."], &[("CAIRN_BIN", bin)])
+}
+
 fn ci() -> Result<(), String> {
     ensure_components()?;
     cargo(&["fmt", "--all", "--check"], &[])?;
@@ -67,16 +118,17 @@ fn ci() -> Result<(), String> {
     cargo(&["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
     sim(&["--seeds", "1..1000"])?;
     sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
-    Ok(())
+    compat()
 }
 
 fn main() -> ExitCode {
     let task = std::env::args().nth(1).unwrap_or_default();
     let result = match task.as_str() {
         "ci" => ci(),
+        "compat" => compat(),
         "sim-soak" => sim(&["--seeds", "1..100000"])
             .and_then(|()| sim(&["--seeds", "1..20000", "--chaos", "20", "--max-msg-bytes", "1"])),
-        _ => Err("usage: cargo xtask ci | cargo xtask sim-soak".into()),
+        _ => Err("usage: cargo xtask ci | cargo xtask compat | cargo xtask sim-soak".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -97,7 +97,7 @@ impl<V: BackendView> Reader<'_, V> {
             kvs.push(self.kv(&k, e, with_value)?);
         }
         let more = range::finish(req, &mut kvs);
-        Ok(RangeResponse { revision: rev, kvs, more, count })
+        Ok(RangeResponse { revision: current, kvs, more, count })
     }
 }
 

@@ -65,7 +65,7 @@ impl Model {
             state.into_values().filter(|kv| range.contains(&kv.key)).collect();
         let count = kvs.len() as i64;
         if req.count_only {
-            return Ok(RangeResponse { revision: rev, kvs: vec![], more: false, count });
+            return Ok(RangeResponse { revision: current, kvs: vec![], more: false, count });
         }
         kvs.retain(|kv| {
             let ok = |min: Revision, max: Revision, v: Revision| {
@@ -100,7 +100,7 @@ impl Model {
         if req.keys_only {
             kvs.iter_mut().for_each(|kv| kv.value = Bytes::new());
         }
-        Ok(RangeResponse { revision: rev, kvs, more, count })
+        Ok(RangeResponse { revision: current, kvs, more, count })
     }
 
     /// Applies a mutating command; on error nothing changes.

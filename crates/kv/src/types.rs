@@ -88,7 +88,8 @@ pub struct RangeRequest {
 
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeResponse {
-    /// The store revision the response reflects.
+    /// The store's current revision when the read ran, even for a read at an older revision
+    /// (etcd's header revision; Kubernetes pins pagination to it).
     pub revision: Revision,
     pub kvs: Vec<KeyValue>,
     /// More keys matched than `limit` allowed.

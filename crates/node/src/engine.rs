@@ -184,6 +184,26 @@ impl Engine {
         s
     }
 
+    /// (cluster id, member id), for response headers.
+    pub fn identity(&self) -> (u64, u64) {
+        let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        (s.cluster_id, s.member_id)
+    }
+
+    pub fn raft_term(&self) -> u64 {
+        self.shared.status.lock().unwrap_or_else(|e| e.into_inner()).raft_term
+    }
+
+    /// The leader's member id, if there is one and the engine has not stopped.
+    pub fn leader(&self) -> Option<u64> {
+        let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        if s.failure.is_some() {
+            None
+        } else {
+            s.leader
+        }
+    }
+
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }

@@ -1,0 +1,36 @@
+//! The one place where cairn's errors become gRPC statuses: etcd's code and exact message, which
+//! etcd clients match on (etcd's `api/v3rpc/rpctypes/error.go`).
+
+use cairn_kv::KvError;
+use cairn_node::EngineError;
+use tonic::{Code, Status};
+
+pub fn status(e: EngineError) -> Status {
+    let code = match &e {
+        EngineError::Kv(k) => match k {
+            KvError::Compacted | KvError::FutureRev => Code::OutOfRange,
+            KvError::KeyNotFound
+            | KvError::EmptyKey
+            | KvError::DuplicateKey
+            | KvError::TooManyOps => Code::InvalidArgument,
+            KvError::LeaseNotFound => Code::NotFound,
+            KvError::Backend(_) => Code::DataLoss,
+            _ => Code::Internal,
+        },
+        EngineError::RequestTooLarge => Code::InvalidArgument,
+        EngineError::NoLeader | EngineError::Stopped(_) => Code::Unavailable,
+        EngineError::Open(_) => Code::Internal,
+        _ => Code::Internal,
+    };
+    Status::new(code, e.etcd_message())
+}
+
+/// etcd's answer to a stream or call made with `hasleader=true` when there is no leader.
+pub fn no_leader() -> Status {
+    Status::new(Code::Unavailable, "etcdserver: no leader")
+}
+
+/// A call cairn does not serve yet, named so an operator knows which.
+pub fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!("cairn does not implement {what} yet"))
+}

@@ -1,0 +1,94 @@
+//! cairn: a Raft-replicated, strongly consistent key-value store that speaks the etcd v3 API.
+//!
+//! Run it as a server (`cairn serve`), or embed the engine: [`Engine`] is the same store in
+//! process, with plain Rust types.
+
+mod convert;
+mod errors;
+mod http;
+pub mod services;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+pub use cairn_kv as kv;
+pub use cairn_node::{Engine, EngineConfig, EngineError, Status};
+use cairn_proto::etcdserverpb as pb;
+
+/// What `cairn serve` needs beyond the engine's own configuration.
+#[derive(Clone, Debug)]
+pub struct ServeConfig {
+    pub engine: EngineConfig,
+    pub listen_client_urls: Vec<String>,
+    pub advertise_client_urls: Vec<String>,
+    pub advertise_peer_urls: Vec<String>,
+}
+
+/// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
+pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
+    let rest = url.strip_prefix("http://").ok_or_else(|| {
+        format!("{url}: only http:// URLs are supported (TLS is not implemented yet)")
+    })?;
+    let hostport = rest.trim_end_matches('/');
+    let hostport = hostport.replace("localhost", "127.0.0.1");
+    hostport.parse().map_err(|e| format!("{url}: {e}"))
+}
+
+/// Opens the engine and serves the etcd API (and HTTP health) until `shutdown` resolves.
+pub async fn serve(
+    cfg: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let addrs: Vec<SocketAddr> = cfg
+        .listen_client_urls
+        .iter()
+        .map(|u| parse_url(u))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
+    let max_request = cfg.engine.max_request_bytes;
+    let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
+    let ctx = services::Ctx {
+        engine: engine.clone(),
+        name: cfg.engine.name.clone(),
+        client_urls: cfg.advertise_client_urls.clone(),
+        peer_urls: cfg.advertise_peer_urls.clone(),
+    };
+    // etcd accepts messages up to the request limit plus gRPC overhead, then checks the limit
+    // itself so the client gets "request is too large".
+    let max_decode = max_request + 512 * 1024;
+    let (health_reporter, health_service) = tonic_health::server::health_reporter();
+    health_reporter.set_serving::<pb::kv_server::KvServer<services::Ctx>>().await;
+    let routes = tonic::service::Routes::new(health_service)
+        .add_service(
+            pb::kv_server::KvServer::new(ctx.clone()).max_decoding_message_size(max_decode),
+        )
+        .add_service(pb::maintenance_server::MaintenanceServer::new(ctx.clone()))
+        .add_service(pb::cluster_server::ClusterServer::new(ctx.clone()))
+        .add_service(pb::watch_server::WatchServer::new(ctx.clone()))
+        .add_service(pb::lease_server::LeaseServer::new(ctx.clone()));
+    let router = http::routes(engine.clone()).merge(routes.into_axum_router());
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut servers = Vec::new();
+    for addr in addrs {
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
+        eprintln!("cairn: serving the etcd v3 API on http://{addr}");
+        let mut stop = stop_rx.clone();
+        let app = router.clone();
+        servers.push(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    shutdown.await;
+    let _ = stop_tx.send(true);
+    for s in servers {
+        let _ = s.await;
+    }
+    tokio::task::block_in_place(|| engine.stop());
+    Ok(())
+}

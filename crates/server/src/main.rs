@@ -1,0 +1,115 @@
+//! The `cairn` binary.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use cairn::{EngineConfig, ServeConfig};
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(
+    name = "cairn",
+    version,
+    about = "A Raft-replicated key-value store that speaks the etcd v3 API"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Cmd>,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run a cairn member (the default when no command is given).
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Clone)]
+struct ServeArgs {
+    /// Human-readable name of this member.
+    #[arg(long, default_value = "default")]
+    name: String,
+    /// Where the member keeps its write-ahead log and database.
+    #[arg(long, default_value = "./cairn-data")]
+    data_dir: PathBuf,
+    /// URLs to serve clients on (comma-separated): the etcd gRPC API and HTTP health.
+    #[arg(long, default_value = "http://127.0.0.1:2379", value_delimiter = ',')]
+    listen_client_urls: Vec<String>,
+    /// Client URLs this member advertises in MemberList (defaults to the listen URLs).
+    #[arg(long, value_delimiter = ',')]
+    advertise_client_urls: Vec<String>,
+    /// Peer URLs this member advertises in MemberList (peer traffic arrives with clustering).
+    #[arg(long, default_value = "http://localhost:2380", value_delimiter = ',')]
+    initial_advertise_peer_urls: Vec<String>,
+    /// Largest request accepted, in bytes (etcd's default: 1.5 MiB).
+    #[arg(long, default_value_t = 1536 * 1024)]
+    max_request_bytes: usize,
+    /// Most operations in one transaction branch.
+    #[arg(long, default_value_t = 128)]
+    max_txn_ops: usize,
+    /// Time between heartbeats, in milliseconds (one Raft tick).
+    #[arg(long, default_value_t = 100)]
+    heartbeat_interval: u64,
+    /// Time before an election, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    election_timeout: u64,
+    /// Address space reserved for the database file, in bytes.
+    #[arg(long, default_value_t = 8 << 30)]
+    quota_backend_bytes: usize,
+}
+
+fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
+    if a.election_timeout < 2 * a.heartbeat_interval || a.heartbeat_interval == 0 {
+        anyhow::bail!("--election-timeout must be at least twice --heartbeat-interval");
+    }
+    let mut engine = EngineConfig::new(&a.name, &a.data_dir);
+    engine.tick_interval = std::time::Duration::from_millis(a.heartbeat_interval);
+    engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
+    engine.max_request_bytes = a.max_request_bytes;
+    engine.max_txn_ops = a.max_txn_ops;
+    engine.lmdb_map_bytes = a.quota_backend_bytes;
+    let advertise = if a.advertise_client_urls.is_empty() {
+        a.listen_client_urls.clone()
+    } else {
+        a.advertise_client_urls
+    };
+    Ok(ServeConfig {
+        engine,
+        listen_client_urls: a.listen_client_urls,
+        advertise_client_urls: advertise,
+        advertise_peer_urls: a.initial_advertise_peer_urls,
+    })
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return std::future::pending().await,
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+    eprintln!("cairn: shutting down");
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let args = match cli.command {
+        Some(Cmd::Serve(a)) => a,
+        None => cli.serve,
+    };
+    let cfg = serve_config(args)?;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    rt.block_on(cairn::serve(cfg, shutdown_signal()))
+}

@@ -1,0 +1,280 @@
+//! The etcd v3 gRPC services over the engine.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use cairn_kv::CompactRequest;
+use cairn_node::Engine;
+use cairn_proto::etcdserverpb as pb;
+use tokio_stream::Stream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::convert::{self, Header};
+use crate::errors::{no_leader, not_yet, status};
+
+/// The etcd version cairn reports. Clients gate features on it: Kubernetes enables watch
+/// progress requests only for 3.4.25+ outside 3.5.0–3.5.7, so report a current 3.6 release.
+pub const ETCD_COMPATIBLE_VERSION: &str = "3.6.5";
+
+/// What the services share.
+#[derive(Clone, Debug)]
+pub struct Ctx {
+    pub engine: Arc<Engine>,
+    pub name: String,
+    pub client_urls: Vec<String>,
+    pub peer_urls: Vec<String>,
+}
+
+impl Ctx {
+    fn header(&self) -> Header {
+        let s = self.engine.identity();
+        Header { cluster_id: s.0, member_id: s.1, raft_term: self.engine.raft_term() }
+    }
+
+    /// Honours the `hasleader` metadata etcd clients send (`WithRequireLeader`).
+    fn check_leader<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        let wants = req.metadata().get("hasleader").is_some_and(|v| v.as_bytes() == b"true");
+        if wants && self.engine.leader().is_none() {
+            return Err(no_leader());
+        }
+        Ok(())
+    }
+}
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for Ctx {
+    async fn range(
+        &self,
+        req: Request<pb::RangeRequest>,
+    ) -> Result<Response<pb::RangeResponse>, Status> {
+        self.check_leader(&req)?;
+        let r = self.engine.range(convert::range_req(req.into_inner())).await.map_err(status)?;
+        Ok(Response::new(self.header().range(r)))
+    }
+
+    async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        self.check_leader(&req)?;
+        let r = self.engine.put(convert::put_req(req.into_inner())).await.map_err(status)?;
+        Ok(Response::new(self.header().put(r)))
+    }
+
+    async fn delete_range(
+        &self,
+        req: Request<pb::DeleteRangeRequest>,
+    ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        self.check_leader(&req)?;
+        let r = self
+            .engine
+            .delete_range(convert::delete_req(req.into_inner()))
+            .await
+            .map_err(status)?;
+        Ok(Response::new(self.header().delete(r)))
+    }
+
+    async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        self.check_leader(&req)?;
+        let r = self.engine.txn(convert::txn_req(req.into_inner())).await.map_err(status)?;
+        Ok(Response::new(self.header().txn(r)))
+    }
+
+    async fn compact(
+        &self,
+        req: Request<pb::CompactionRequest>,
+    ) -> Result<Response<pb::CompactionResponse>, Status> {
+        self.check_leader(&req)?;
+        let r = req.into_inner();
+        let c = CompactRequest { revision: cairn_kv::Revision(r.revision), physical: r.physical };
+        let resp = self.engine.compact(c).await.map_err(status)?;
+        Ok(Response::new(pb::CompactionResponse { header: self.header().at(resp.revision) }))
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::maintenance_server::Maintenance for Ctx {
+    async fn alarm(
+        &self,
+        req: Request<pb::AlarmRequest>,
+    ) -> Result<Response<pb::AlarmResponse>, Status> {
+        match pb::alarm_request::AlarmAction::try_from(req.into_inner().action) {
+            // cairn raises no alarms (no space quota yet), so the list is empty.
+            Ok(pb::alarm_request::AlarmAction::Get) => {
+                let rev = self.engine.status().revision;
+                Ok(Response::new(pb::AlarmResponse {
+                    header: self.header().at(rev),
+                    alarms: vec![],
+                }))
+            }
+            _ => Err(not_yet("alarm activation")),
+        }
+    }
+
+    async fn status(
+        &self,
+        _req: Request<pb::StatusRequest>,
+    ) -> Result<Response<pb::StatusResponse>, Status> {
+        let s = self.engine.status();
+        Ok(Response::new(pb::StatusResponse {
+            header: self.header().at(s.revision),
+            version: ETCD_COMPATIBLE_VERSION.into(),
+            db_size: s.db_size_bytes as i64,
+            leader: s.leader.unwrap_or(0),
+            raft_index: s.raft_index,
+            raft_term: s.raft_term,
+            raft_applied_index: s.raft_applied_index,
+            errors: s.failure.into_iter().collect(),
+            db_size_in_use: s.db_size_bytes as i64,
+            is_learner: false,
+            storage_version: "3.6.0".into(),
+            db_size_quota: self.engine.config().lmdb_map_bytes as i64,
+        }))
+    }
+
+    async fn defragment(
+        &self,
+        _: Request<pb::DefragmentRequest>,
+    ) -> Result<Response<pb::DefragmentResponse>, Status> {
+        Err(not_yet("Maintenance.Defragment"))
+    }
+
+    async fn hash(
+        &self,
+        _: Request<pb::HashRequest>,
+    ) -> Result<Response<pb::HashResponse>, Status> {
+        Err(not_yet("Maintenance.Hash"))
+    }
+
+    async fn hash_kv(
+        &self,
+        _: Request<pb::HashKvRequest>,
+    ) -> Result<Response<pb::HashKvResponse>, Status> {
+        Err(not_yet("Maintenance.HashKV"))
+    }
+
+    type SnapshotStream = BoxStream<pb::SnapshotResponse>;
+
+    async fn snapshot(
+        &self,
+        _: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<Self::SnapshotStream>, Status> {
+        Err(not_yet("Maintenance.Snapshot"))
+    }
+
+    async fn move_leader(
+        &self,
+        _: Request<pb::MoveLeaderRequest>,
+    ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
+        Err(not_yet("Maintenance.MoveLeader"))
+    }
+
+    async fn downgrade(
+        &self,
+        _: Request<pb::DowngradeRequest>,
+    ) -> Result<Response<pb::DowngradeResponse>, Status> {
+        Err(not_yet("Maintenance.Downgrade"))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::cluster_server::Cluster for Ctx {
+    async fn member_list(
+        &self,
+        req: Request<pb::MemberListRequest>,
+    ) -> Result<Response<pb::MemberListResponse>, Status> {
+        self.check_leader(&req)?;
+        let (_, member_id) = self.engine.identity();
+        let member = pb::Member {
+            id: member_id,
+            name: self.name.clone(),
+            peer_ur_ls: self.peer_urls.clone(),
+            client_ur_ls: self.client_urls.clone(),
+            is_learner: false,
+        };
+        let rev = self.engine.status().revision;
+        Ok(Response::new(pb::MemberListResponse {
+            header: self.header().at(rev),
+            members: vec![member],
+        }))
+    }
+
+    async fn member_add(
+        &self,
+        _: Request<pb::MemberAddRequest>,
+    ) -> Result<Response<pb::MemberAddResponse>, Status> {
+        Err(not_yet("Cluster.MemberAdd (clustering)"))
+    }
+
+    async fn member_remove(
+        &self,
+        _: Request<pb::MemberRemoveRequest>,
+    ) -> Result<Response<pb::MemberRemoveResponse>, Status> {
+        Err(not_yet("Cluster.MemberRemove (clustering)"))
+    }
+
+    async fn member_update(
+        &self,
+        _: Request<pb::MemberUpdateRequest>,
+    ) -> Result<Response<pb::MemberUpdateResponse>, Status> {
+        Err(not_yet("Cluster.MemberUpdate (clustering)"))
+    }
+
+    async fn member_promote(
+        &self,
+        _: Request<pb::MemberPromoteRequest>,
+    ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
+        Err(not_yet("Cluster.MemberPromote (clustering)"))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for Ctx {
+    type WatchStream = BoxStream<pb::WatchResponse>;
+
+    async fn watch(
+        &self,
+        _: Request<Streaming<pb::WatchRequest>>,
+    ) -> Result<Response<Self::WatchStream>, Status> {
+        Err(not_yet("Watch"))
+    }
+}
+
+#[tonic::async_trait]
+impl pb::lease_server::Lease for Ctx {
+    async fn lease_grant(
+        &self,
+        _: Request<pb::LeaseGrantRequest>,
+    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
+        Err(not_yet("Lease.LeaseGrant"))
+    }
+
+    async fn lease_revoke(
+        &self,
+        _: Request<pb::LeaseRevokeRequest>,
+    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
+        Err(not_yet("Lease.LeaseRevoke"))
+    }
+
+    type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;
+
+    async fn lease_keep_alive(
+        &self,
+        _: Request<Streaming<pb::LeaseKeepAliveRequest>>,
+    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
+        Err(not_yet("Lease.LeaseKeepAlive"))
+    }
+
+    async fn lease_time_to_live(
+        &self,
+        _: Request<pb::LeaseTimeToLiveRequest>,
+    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
+        Err(not_yet("Lease.LeaseTimeToLive"))
+    }
+
+    async fn lease_leases(
+        &self,
+        _: Request<pb::LeaseLeasesRequest>,
+    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        Err(not_yet("Lease.LeaseLeases"))
+    }
+}
