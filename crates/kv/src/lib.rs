@@ -18,5 +18,5 @@ mod types;
 pub mod validate;
 
 pub use error::KvError;
-pub use store::{Applied, Store};
+pub use store::{Applied, Outcome, Prepared, Store};
 pub use types::*;

@@ -1,21 +1,24 @@
 //! The MVCC store: the key index in memory, the history in a [`Backend`].
 //!
-//! One writer applies batches of committed commands; many readers read concurrently. Apply runs
-//! in three steps so that readers never wait for the backend's commit and never see an
-//! uncommitted revision:
-//! 1. under the index write lock, execute the commands: new index entries get revisions above
-//!    the visible current revision, which readers ignore;
-//! 2. commit the records and the meta (applied index, revisions) in one backend transaction;
-//! 3. under the write lock again, publish the new current revision (and compact the index).
+//! Applying committed commands is split in two so the backend's commit (and its fsync) leaves the
+//! write path, as etcd's batched bbolt commits do:
+//! 1. [`Store::execute`], under the index write lock: run the commands. Their index entries and
+//!    revisions are visible to reads at once; their records wait in an in-memory overlay until
+//!    committed. The outcomes are final: the commands are committed in the Raft log (whose WAL
+//!    is the durability point), and execution is deterministic.
+//! 2. [`Store::commit`], later and for several executions at once: write the records and the meta
+//!    (applied index, revisions) in one backend transaction, then drop them from the overlay.
+//!    After a crash the store holds the last committed state and the WAL replays the rest.
 //!
-//! A reader takes the read lock, opens a backend view, and reads at a revision no higher than the
-//! visible one, so every record it needs is committed, and physical compaction (which only removes
-//! records the index no longer references) cannot pull one from under its view.
+//! A reader takes the read lock, opens a backend view, and reads records from the overlay or the
+//! view. Records leave the overlay only after they are committed, under the write lock, so a
+//! reader always finds what its index entries point to; physical compaction only removes records
+//! the index no longer references.
 
 use std::collections::HashMap;
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use crate::backend::{Backend, BackendError, BackendView, Meta, WriteBatch};
+use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
 use crate::index::{Index, IndexEntry};
 use crate::types::{Command, CommandResponse, RangeRequest, RangeResponse, Revision, RevisionId};
@@ -24,11 +27,19 @@ use crate::KvError;
 #[derive(Debug)]
 struct Inner {
     index: Index,
-    /// Invariant: every revision up to here is committed in the backend.
+    /// Committed state: what the backend holds. Invariant: every revision up to `current` is
+    /// committed in the backend.
     current: Revision,
     compacted: Revision,
     applied_index: u64,
     compacted_physically: Revision,
+    /// Executed state, what reads see: ahead of the committed state by the executions whose
+    /// records are still in `unflushed`.
+    exec_current: Revision,
+    exec_compacted: Revision,
+    exec_applied: u64,
+    /// Records executed and not yet committed.
+    unflushed: HashMap<RevisionId, Record>,
     /// Records dropped from the index and not yet removed from the backend.
     to_remove: Vec<RevisionId>,
 }
@@ -38,7 +49,7 @@ struct Inner {
 pub struct Store<B: Backend> {
     backend: B,
     inner: RwLock<Inner>,
-    /// Serializes writers (apply and physical compaction).
+    /// Serializes backend writers (commits and physical compaction).
     writer: Mutex<()>,
 }
 
@@ -47,6 +58,22 @@ pub type Applied<'a> = (u64, Option<&'a Command>);
 
 /// What applying one entry produced: `None` without a command (or when applied before).
 pub type Outcome = Option<Result<CommandResponse, KvError>>;
+
+/// Executed commands waiting for [`Store::commit`].
+#[derive(Debug, Default)]
+pub struct Prepared {
+    batch: WriteBatch,
+    applied_index: u64,
+    current: Revision,
+    compact_to: Option<Revision>,
+}
+
+impl Prepared {
+    /// The Raft index this batch brings the store to once committed.
+    pub fn applied_index(&self) -> u64 {
+        self.applied_index
+    }
+}
 
 impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
@@ -82,6 +109,10 @@ impl<B: Backend> Store<B> {
             compacted: meta.compacted,
             applied_index: meta.applied_index,
             compacted_physically: meta.compacted_physically,
+            exec_current: meta.current,
+            exec_compacted: meta.compacted,
+            exec_applied: meta.applied_index,
+            unflushed: HashMap::new(),
             to_remove,
         };
         Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
@@ -95,15 +126,21 @@ impl<B: Backend> Store<B> {
         self.inner.write().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// The revision reads see (everything executed).
     pub fn current_revision(&self) -> Revision {
-        self.read().current
+        self.read().exec_current
     }
 
     pub fn compacted_revision(&self) -> Revision {
-        self.read().compacted
+        self.read().exec_compacted
     }
 
-    /// The last Raft index applied; a restart replays the log from the next one.
+    /// The last Raft index executed: what reads reflect.
+    pub fn executed_index(&self) -> u64 {
+        self.read().exec_applied
+    }
+
+    /// The last Raft index committed to the backend; a restart replays the log from the next one.
     pub fn applied_index(&self) -> u64 {
         self.read().applied_index
     }
@@ -112,7 +149,11 @@ impl<B: Backend> Store<B> {
         self.backend.size_bytes()
     }
 
-    /// Makes everything applied so far durable in the backend; returns the applied index covered.
+    pub fn key_count(&self) -> usize {
+        self.read().index.key_count()
+    }
+
+    /// Makes everything committed so far durable in the backend; returns the applied index covered.
     pub fn sync(&self) -> Result<u64, BackendError> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let applied = self.read().applied_index;
@@ -120,76 +161,124 @@ impl<B: Backend> Store<B> {
         Ok(applied)
     }
 
-    pub fn key_count(&self) -> usize {
-        self.read().index.key_count()
-    }
-
-    /// A read at the request's revision (0: the current one).
+    /// A read at the request's revision (0: the latest executed one).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, KvError> {
         let inner = self.read();
-        // Open the view while holding the lock: records the index references stay in it.
+        // Open the view while holding the lock: every record the index references is in the
+        // overlay or in this view.
         let view = self.backend.view().map_err(|e| KvError::Backend(e.0))?;
-        let reader =
-            Reader { index: &inner.index, view: &view, pending: None, compacted: inner.compacted };
-        reader.range_at(req, inner.current)
+        let reader = Reader {
+            index: &inner.index,
+            view: &view,
+            pending: Some(&inner.unflushed),
+            compacted: inner.exec_compacted,
+        };
+        reader.range_at(req, inner.exec_current)
     }
 
-    /// Applies a batch of committed Raft entries in one backend transaction, together with the
-    /// applied index. Entries at or below the applied index are skipped (replay after a restart).
-    /// Returns each entry's outcome, `None` where there is no command or it was applied before.
-    pub fn apply(&self, entries: &[Applied<'_>]) -> Result<Vec<Outcome>, BackendError> {
-        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+    /// Executes committed Raft entries. Entries at or below the executed index are skipped
+    /// (replay after a restart). Returns each entry's outcome, and the work to [`Store::commit`].
+    pub fn execute(
+        &self,
+        entries: &[Applied<'_>],
+    ) -> Result<(Vec<Outcome>, Prepared), BackendError> {
         let view = self.backend.view()?;
-        let mut inner = self.write();
-        let applied_before = inner.applied_index;
-        let fresh = |i: u64| i > applied_before;
+        let mut guard = self.write();
+        let inner = &mut *guard;
+        let before = inner.exec_applied;
+        let fresh = |i: u64| i > before;
         let Some(last_index) = entries.iter().map(|(i, _)| *i).filter(|i| fresh(*i)).max() else {
-            return Ok(entries.iter().map(|_| None).collect());
+            let outcomes = entries.iter().map(|_| None).collect();
+            return Ok((
+                outcomes,
+                Prepared {
+                    applied_index: before,
+                    current: inner.exec_current,
+                    ..Prepared::default()
+                },
+            ));
         };
-        let (current, compacted) = (inner.current, inner.compacted);
         let mut exec = Exec {
             index: &mut inner.index,
             view: &view,
-            pending: HashMap::new(),
+            pending: std::mem::take(&mut inner.unflushed),
             batch: WriteBatch::default(),
-            current,
-            compacted,
+            current: inner.exec_current,
+            compacted: inner.exec_compacted,
             compact_to: None,
         };
-        let mut results = Vec::with_capacity(entries.len());
+        let mut outcomes = Vec::with_capacity(entries.len());
+        let mut failure = None;
         for (raft_index, cmd) in entries {
             let outcome = match cmd {
                 Some(cmd) if fresh(*raft_index) => {
                     let r = exec.execute(cmd);
                     if let Err(KvError::Backend(msg)) = &r {
-                        return Err(BackendError(msg.clone()));
+                        failure = Some(BackendError(msg.clone()));
+                        break;
                     }
                     Some(r)
                 }
                 _ => None,
             };
-            results.push(outcome);
+            outcomes.push(outcome);
         }
-        let (new_current, compact_to, mut batch) = (exec.current, exec.compact_to, exec.batch);
-        let compacted_physically = inner.compacted_physically;
-        drop(inner);
-        batch.meta = Some(Meta {
+        inner.unflushed = std::mem::take(&mut exec.pending);
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        let prepared = Prepared {
+            batch: exec.batch,
             applied_index: last_index,
-            current: new_current,
-            compacted: compact_to.unwrap_or(compacted),
-            compacted_physically,
-        });
-        drop(view);
+            current: exec.current,
+            compact_to: exec.compact_to,
+        };
+        inner.exec_current = prepared.current;
+        inner.exec_applied = last_index;
+        if let Some(c) = prepared.compact_to {
+            inner.exec_compacted = c;
+        }
+        Ok((outcomes, prepared))
+    }
+
+    /// Commits executed work, in execution order, in one backend transaction, then publishes it.
+    pub fn commit(&self, prepared: Vec<Prepared>) -> Result<(), BackendError> {
+        let Some(last) = prepared.last() else { return Ok(()) };
+        let (applied_index, current) = (last.applied_index, last.current);
+        let compact_to = prepared.iter().filter_map(|p| p.compact_to).max();
+        let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let (compacted, compacted_physically) = {
+            let inner = self.read();
+            (compact_to.unwrap_or(inner.compacted), inner.compacted_physically)
+        };
+        let mut batch = WriteBatch::default();
+        let mut written = Vec::new();
+        for p in prepared {
+            written.extend(p.batch.puts.iter().map(|(rev, _)| *rev));
+            batch.puts.extend(p.batch.puts);
+            batch.deletes.extend(p.batch.deletes);
+        }
+        batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;
         let mut inner = self.write();
-        inner.current = new_current;
-        inner.applied_index = last_index;
+        for rev in written {
+            inner.unflushed.remove(&rev);
+        }
+        inner.current = current;
+        inner.applied_index = applied_index;
         if let Some(c) = compact_to {
             inner.compacted = c;
             let dropped = inner.index.compact(c);
             inner.to_remove.extend(dropped);
         }
-        Ok(results)
+        Ok(())
+    }
+
+    /// Executes and commits at once.
+    pub fn apply(&self, entries: &[Applied<'_>]) -> Result<Vec<Outcome>, BackendError> {
+        let (outcomes, prepared) = self.execute(entries)?;
+        self.commit(vec![prepared])?;
+        Ok(outcomes)
     }
 
     /// Removes up to `max` records that compaction made unreachable, in one backend transaction,
@@ -215,31 +304,57 @@ impl<B: Backend> Store<B> {
             WriteBatch { puts: Vec::new(), deletes, meta: Some(meta) }
         };
         self.backend.commit(batch)?;
-        Ok(!self.physically_compacted())
+        Ok(self.compaction_work())
     }
 
-    /// Whether the history below the compaction revision is physically gone.
+    /// Whether the history below the latest executed compaction is physically gone.
     pub fn physically_compacted(&self) -> bool {
         let inner = self.read();
-        inner.to_remove.is_empty() && inner.compacted_physically == inner.compacted
+        inner.to_remove.is_empty() && inner.compacted_physically == inner.exec_compacted
     }
 
-    /// Visits committed changes from revision `from` on, in order (for watch replay).
+    /// Whether [`Store::compact_step`] has work it can do now (a compaction must be committed
+    /// before its history can be removed).
+    pub fn compaction_work(&self) -> bool {
+        let inner = self.read();
+        !inner.to_remove.is_empty() || inner.compacted_physically != inner.compacted
+    }
+
+    /// Visits changes from revision `from` on, in order, committed or only executed (for watch
+    /// replay).
     pub fn history_from(
         &self,
         from: Revision,
-        visit: &mut dyn FnMut(RevisionId, crate::backend::Record) -> bool,
+        visit: &mut dyn FnMut(RevisionId, Record) -> bool,
     ) -> Result<(), KvError> {
         let inner = self.read();
-        if from < inner.compacted {
+        if from < inner.exec_compacted {
             return Err(KvError::Compacted);
         }
-        let upto = inner.current;
         let view = self.backend.view().map_err(|e| KvError::Backend(e.0))?;
+        let mut overlay: Vec<(RevisionId, Record)> = inner
+            .unflushed
+            .iter()
+            .filter(|(r, _)| r.main >= from)
+            .map(|(r, rec)| (*r, rec.clone()))
+            .collect();
         drop(inner);
+        overlay.sort_by_key(|(r, _)| *r);
+        let mut more = true;
         view.scan(RevisionId { main: from, sub: 0 }, &mut |rev, rec| {
-            rev.main <= upto && visit(rev, rec)
+            // Records still in the overlay (committed meanwhile) come from there, in order.
+            if overlay.first().is_some_and(|(r, _)| *r <= rev) {
+                return true;
+            }
+            more = visit(rev, rec);
+            more
         })
-        .map_err(|e| KvError::Backend(e.0))
+        .map_err(|e| KvError::Backend(e.0))?;
+        for (rev, rec) in overlay {
+            if !more || !visit(rev, rec) {
+                break;
+            }
+        }
+        Ok(())
     }
 }

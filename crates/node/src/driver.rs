@@ -8,12 +8,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender};
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use cairn_kv::{Command, CommandResponse};
+use cairn_kv::{Command, CommandResponse, Prepared};
 use cairn_raft::{
     ConfState, Config, EntryPayload, LogIndex, NodeId, Persisted, Raft, ReadCtx, Role, Snapshot,
 };
@@ -27,10 +28,27 @@ use crate::error::EngineError;
 type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
 
 pub(crate) enum Input {
-    Propose { id: u64, data: Bytes, reply: Reply<CommandResponse> },
-    ReadIndex { reply: Reply<()> },
+    Propose {
+        id: u64,
+        data: Bytes,
+        reply: Reply<CommandResponse>,
+    },
+    /// Answered with the read index; the caller then waits until it is published.
+    ReadIndex {
+        reply: Reply<u64>,
+    },
     Stop,
 }
+
+/// Work for the committer thread.
+enum CommitJob {
+    Batch(Prepared),
+    /// Answered once everything sent before it is committed.
+    Flush(std::sync::mpsc::Sender<()>),
+}
+
+/// Executed batches the committer may fall behind by before the driver waits (backpressure).
+const COMMIT_QUEUE: usize = 64;
 
 /// Requests a driver turn takes at most before handling the core's output.
 const BATCH_MAX: usize = 4096;
@@ -46,15 +64,17 @@ pub(crate) struct Driver {
     /// Proposals in flight, by request id.
     proposals: HashMap<u64, Reply<CommandResponse>>,
     /// Reads waiting for their read state, by context.
-    reads: HashMap<u64, Reply<()>>,
-    /// Reads whose index is known, waiting for the store to apply it.
-    read_waits: Vec<(LogIndex, Reply<()>)>,
+    reads: HashMap<u64, Reply<u64>>,
+    committer: Option<SyncSender<CommitJob>>,
+    committer_thread: Option<std::thread::JoinHandle<()>>,
     /// Physical compactions waiting for their removal to finish.
     physical: Vec<Reply<CommandResponse>>,
     physical_done: Vec<CommandResponse>,
     next_read: u64,
     snapshot_entries: u64,
     last_snapshot: LogIndex,
+    /// Term and vote as last made durable.
+    synced_term_vote: Option<(cairn_raft::Term, Option<NodeId>)>,
 }
 
 fn storage_failure(e: impl std::fmt::Display) -> EngineError {
@@ -88,11 +108,18 @@ impl Driver {
             Persisted { hard_state: rec.hard_state, snapshot, entries: rec.entries }
         };
         let last_snapshot = persisted.snapshot.meta.index;
+        let hard_state = persisted.hard_state;
         let mut rcfg = Config::new(NodeId(id));
         rcfg.election_timeout_ticks = cfg.election_ticks;
         rcfg.heartbeat_interval_ticks = cfg.heartbeat_ticks;
         rcfg.seed = id;
         let raft = Raft::new(rcfg, persisted).map_err(|e| EngineError::Open(e.to_string()))?;
+        let (committer, jobs) = std::sync::mpsc::sync_channel(COMMIT_QUEUE);
+        let committer_shared = shared.clone();
+        let committer_thread = std::thread::Builder::new()
+            .name(format!("cairn-commit-{}", cfg.name))
+            .spawn(move || commit_loop(&committer_shared, &jobs))
+            .map_err(|e| EngineError::Open(format!("spawn committer: {e}")))?;
         Ok(Driver {
             raft,
             wal,
@@ -101,12 +128,14 @@ impl Driver {
             tick: cfg.tick_interval,
             proposals: HashMap::new(),
             reads: HashMap::new(),
-            read_waits: Vec::new(),
+            committer: Some(committer),
+            committer_thread: Some(committer_thread),
             physical: Vec::new(),
             physical_done: Vec::new(),
             next_read: 0,
             snapshot_entries: cfg.snapshot_entries,
             last_snapshot,
+            synced_term_vote: Some((hard_state.term, hard_state.vote)),
         })
     }
 
@@ -123,6 +152,11 @@ impl Driver {
                 Some(why.clone());
             let _ = started.send(Err(e));
             self.fail_all(&why);
+        }
+        // The committer drains what was executed, then exits.
+        self.committer = None;
+        if let Some(t) = self.committer_thread.take() {
+            let _ = t.join();
         }
     }
 
@@ -187,9 +221,6 @@ impl Driver {
         for (_, r) in self.reads.drain() {
             let _ = r.send(Err(err()));
         }
-        for (_, r) in self.read_waits.drain(..) {
-            let _ = r.send(Err(err()));
-        }
         for r in self.physical.drain(..) {
             let _ = r.send(Err(err()));
         }
@@ -233,17 +264,27 @@ impl Driver {
         // A single member sends no messages; with peers they go out here (issue: clustering).
         if !rd.entries.is_empty() || rd.hard_state.is_some() {
             self.wal.append(&rd.entries, rd.hard_state.as_ref()).map_err(storage_failure)?;
-            self.wal.sync().map_err(storage_failure)?;
+            // As etcd's MustSync: entries, term and vote must be durable before anything that
+            // depends on them; a commit index alone need not be (after a crash it is learned
+            // again), so it rides along with the next sync.
+            let term_vote = rd.hard_state.map(|h| (h.term, h.vote));
+            let must_sync = !rd.entries.is_empty()
+                || term_vote.is_some_and(|tv| Some(tv) != self.synced_term_vote);
+            if must_sync {
+                self.wal.sync().map_err(storage_failure)?;
+                if let Some(tv) = term_vote {
+                    self.synced_term_vote = Some(tv);
+                }
+            }
         }
         self.apply(&rd.committed_entries)?;
         for rs in rd.read_states {
             let Ok(raw) = <[u8; 8]>::try_from(rs.ctx.0.as_ref()) else { continue };
             if let Some(reply) = self.reads.remove(&u64::from_be_bytes(raw)) {
-                self.read_waits.push((rs.index, reply));
+                let _ = reply.send(Ok(rs.index.0));
             }
         }
         self.raft.advance();
-        self.release_reads();
         self.publish_status();
         self.maybe_snapshot()
     }
@@ -264,7 +305,11 @@ impl Driver {
         }
         let batch: Vec<_> =
             decoded.iter().map(|(i, c)| (*i, c.as_ref().map(|(_, cmd)| cmd))).collect();
-        let outcomes = self.shared.store.apply(&batch).map_err(storage_failure)?;
+        // These entries are durable in the WAL (this Ready was synced above). Executing makes
+        // them visible to reads; the store commits them in the background.
+        let (outcomes, prepared) = self.shared.store.execute(&batch).map_err(storage_failure)?;
+        self.shared.executed.send_replace(prepared.applied_index());
+        self.commit(CommitJob::Batch(prepared))?;
         for ((_, cmd), outcome) in decoded.into_iter().zip(outcomes) {
             let (Some((id, cmd)), Some(outcome)) = (cmd, outcome) else { continue };
             let Some(reply) = self.proposals.remove(&id) else { continue };
@@ -285,14 +330,17 @@ impl Driver {
         Ok(())
     }
 
-    fn release_reads(&mut self) {
-        let applied = LogIndex(self.shared.store.applied_index());
-        let (ready, waiting): (Vec<_>, Vec<_>) =
-            self.read_waits.drain(..).partition(|(i, _)| *i <= applied);
-        self.read_waits = waiting;
-        for (_, reply) in ready {
-            let _ = reply.send(Ok(()));
-        }
+    fn commit(&self, job: CommitJob) -> Result<(), EngineError> {
+        let committer =
+            self.committer.as_ref().ok_or_else(|| storage_failure("committer stopped"))?;
+        committer.send(job).map_err(|_| storage_failure("the committer stopped"))
+    }
+
+    /// Waits until every executed batch is committed to the store.
+    fn flush(&self) -> Result<(), EngineError> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        self.commit(CommitJob::Flush(tx))?;
+        rx.recv().map_err(|_| storage_failure("the committer stopped"))
     }
 
     fn publish_status(&self) {
@@ -301,6 +349,10 @@ impl Driver {
         s.raft_term = self.raft.term().0;
         s.raft_index = self.raft.last_index().0;
         s.raft_applied_index = self.raft.applied_index().0;
+        let sole = self.raft.role() == Role::Leader
+            && self.raft.conf_state().voters.len() == 1
+            && !self.raft.conf_state().is_joint();
+        self.shared.sole_voter.store(sole, Ordering::SeqCst);
     }
 
     /// Compacts the Raft log and the WAL once enough entries were applied. The store is synced
@@ -310,6 +362,8 @@ impl Driver {
         if applied.0 < self.last_snapshot.0 + self.snapshot_entries {
             return Ok(());
         }
+        // The WAL may drop entries only once the store holds them durably.
+        self.flush()?;
         self.shared.store.sync().map_err(storage_failure)?;
         if let Some(meta) = self.raft.compact(Bytes::new()) {
             self.wal.save_compaction(&meta).map_err(storage_failure)?;
@@ -321,20 +375,60 @@ impl Driver {
     }
 
     fn has_background_work(&self) -> bool {
-        !self.shared.store.physically_compacted()
+        self.shared.store.compaction_work()
     }
 
-    /// One bounded step of physical compaction, so reads and writes never wait for all of it.
+    /// One bounded step of physical compaction, so reads and writes never wait for all of it;
+    /// answers physical compactions once the history below them is gone.
     fn background(&mut self) -> Result<(), EngineError> {
-        if !self.has_background_work() {
-            return Ok(());
+        if self.has_background_work() {
+            self.shared.store.compact_step(COMPACT_STEP).map_err(storage_failure)?;
         }
-        let more = self.shared.store.compact_step(COMPACT_STEP).map_err(storage_failure)?;
-        if !more {
+        if !self.physical.is_empty() && self.shared.store.physically_compacted() {
             for (reply, resp) in self.physical.drain(..).zip(self.physical_done.drain(..)) {
                 let _ = reply.send(Ok(resp));
             }
         }
         Ok(())
+    }
+}
+
+/// How long the committer gathers executed batches into one backend transaction. Writes are
+/// answered before this (the WAL holds them), so it costs no latency; it keeps the store's fsync
+/// from contending with the WAL's on every write.
+const COMMIT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
+
+/// The committer thread: commits executed batches to the store, merging what arrives within
+/// [`COMMIT_INTERVAL`] into one backend transaction. A flush commits at once. A failure stops the
+/// engine: the executed channel closes (waiting reads fail) and the driver's next send fails.
+fn commit_loop(shared: &Shared, jobs: &Receiver<CommitJob>) {
+    let mut last_commit = Instant::now();
+    while let Ok(first) = jobs.recv() {
+        let mut batches = Vec::new();
+        let mut flushes = Vec::new();
+        let deadline = last_commit + COMMIT_INTERVAL;
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            match job {
+                CommitJob::Batch(p) => batches.push(p),
+                CommitJob::Flush(tx) => flushes.push(tx),
+            }
+            if batches.len() >= BATCH_MAX {
+                break;
+            }
+            next = if flushes.is_empty() {
+                jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok()
+            } else {
+                jobs.try_recv().ok()
+            };
+        }
+        if let Err(e) = shared.store.commit(batches) {
+            shared.fail(format!("storage failure: {e}"));
+            return;
+        }
+        last_commit = Instant::now();
+        for tx in flushes {
+            let _ = tx.send(());
+        }
     }
 }

@@ -78,6 +78,21 @@ pub struct Status {
 pub(crate) struct Shared {
     pub(crate) store: Store<LmdbBackend>,
     pub(crate) status: Mutex<Status>,
+    /// The highest Raft index executed by the store, so visible to reads.
+    pub(crate) executed: tokio::sync::watch::Sender<u64>,
+    /// This member is the only voter and leads: it alone decides what is committed.
+    pub(crate) sole_voter: std::sync::atomic::AtomicBool,
+    /// Set once storage failed: the engine serves nothing more (fail-stop).
+    pub(crate) failed: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    /// Records why the engine stopped; every later request fails.
+    pub(crate) fn fail(&self, why: String) {
+        self.failed.store(true, Ordering::SeqCst);
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).failure = Some(why);
+        self.executed.send_modify(|_| {});
+    }
 }
 
 /// An embedded cairn: open it on a data directory and call it from async code.
@@ -147,7 +162,14 @@ impl Engine {
             cluster_id: id.rotate_left(17) ^ 0x5bd1_e995,
             ..Status::default()
         };
-        let shared = Arc::new(Shared { store, status: Mutex::new(status) });
+        let applied = store.applied_index();
+        let shared = Arc::new(Shared {
+            store,
+            status: Mutex::new(status),
+            executed: tokio::sync::watch::Sender::new(applied),
+            sole_voter: std::sync::atomic::AtomicBool::new(false),
+            failed: std::sync::atomic::AtomicBool::new(false),
+        });
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
         let driver = Driver::open(&cfg, id, &member, shared.clone(), rx)?;
@@ -276,17 +298,35 @@ impl Engine {
         if req.key.is_empty() {
             return Err(KvError::EmptyKey.into());
         }
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.stopped());
+        }
         if !req.serializable {
             self.read_barrier().await?;
         }
         Ok(self.shared.store.range(&req)?)
     }
 
-    /// Waits until this member has applied everything committed before the call (ReadIndex).
+    /// Waits until reads here reflect every write committed before the call. A sole voter that
+    /// leads decides commitment alone and answers a write only after executing it, so its reads
+    /// already reflect every answered write; any other member asks the leader for a read index
+    /// (ReadIndex) and waits until it has executed that far.
     pub async fn read_barrier(&self) -> Result<(), EngineError> {
+        if self.shared.sole_voter.load(Ordering::SeqCst) {
+            return Ok(());
+        }
         let (reply, rx) = oneshot::channel();
         self.tx.send(Input::ReadIndex { reply }).map_err(|_| self.stopped())?;
-        rx.await.map_err(|_| self.stopped())?
+        let target = rx.await.map_err(|_| self.stopped())??;
+        let mut executed = self.shared.executed.subscribe();
+        executed
+            .wait_for(|p| *p >= target || self.shared.failed.load(Ordering::SeqCst))
+            .await
+            .map_err(|_| self.stopped())?;
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.stopped());
+        }
+        Ok(())
     }
 }
 

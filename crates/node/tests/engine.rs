@@ -169,3 +169,30 @@ async fn a_killed_writer_loses_no_acknowledged_write() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Writes are answered before the store's commit is published; a linearizable read that starts
+/// after an answer must still see that write (and a serializable read may lag, but never beyond
+/// what was published).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_linearizable_read_sees_every_write_answered_before_it() {
+    let dir = temp_dir("linearizable");
+    let e = std::sync::Arc::new(Engine::open(EngineConfig::new("lin", &dir)).unwrap());
+    let mut tasks = Vec::new();
+    for t in 0..16 {
+        let e = e.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..200 {
+                let key = format!("t{t}");
+                let w = e.put(put_req(&key, &i.to_string())).await.unwrap();
+                let r = e.range(get_req(&key)).await.unwrap();
+                assert_eq!(r.kvs[0].value, b(i.to_string()), "task {t} round {i}");
+                assert!(r.revision >= w.revision, "the read's revision covers the write");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    e.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -76,6 +76,10 @@ pub async fn serve(
         eprintln!("cairn: serving the etcd v3 API on http://{addr}");
         let mut stop = stop_rx.clone();
         let app = router.clone();
+        // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
+        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
         servers.push(tokio::spawn(async move {
             axum::serve(listener, app)
                 .with_graceful_shutdown(async move {
