@@ -21,6 +21,10 @@ pub enum KvError {
     TooManyOps,
     /// A put names a lease that does not exist (NotFound).
     LeaseNotFound,
+    /// Transactions nested deeper than [`crate::validate::MAX_TXN_DEPTH`] (InvalidArgument). etcd
+    /// has no such limit beyond gRPC's decoding depth; this one keeps every accepted request
+    /// decodable when it is applied.
+    TxnTooDeep,
     /// The backend failed; the node must stop.
     Backend(String),
 }
@@ -36,6 +40,7 @@ impl KvError {
             KvError::DuplicateKey => "etcdserver: duplicate key given in txn request",
             KvError::TooManyOps => "etcdserver: too many operations in txn request",
             KvError::LeaseNotFound => "etcdserver: requested lease not found",
+            KvError::TxnTooDeep => "cairn: transactions nested too deeply",
             KvError::Backend(msg) => msg,
         }
     }

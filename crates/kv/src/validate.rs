@@ -11,17 +11,23 @@ use crate::KvError;
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 
+/// The deepest nesting of transactions accepted (gRPC's protobuf decoding stops at 100 anyway).
+pub const MAX_TXN_DEPTH: usize = 64;
+
 /// Rejects what etcd rejects before proposing a transaction: a list (compares, success or
 /// failure, at any depth) longer than `max_ops`, an empty key, or a branch that writes a key
 /// twice (`checkIntervals` in etcd's `v3rpc/key.go`).
 pub fn check_txn(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError> {
-    check_sizes_and_keys(txn, max_ops)?;
+    check_sizes_and_keys(txn, max_ops, 1)?;
     check_intervals(&txn.success)?;
     check_intervals(&txn.failure)?;
     Ok(())
 }
 
-fn check_sizes_and_keys(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError> {
+fn check_sizes_and_keys(txn: &TxnRequest, max_ops: usize, depth: usize) -> Result<(), KvError> {
+    if depth > MAX_TXN_DEPTH {
+        return Err(KvError::TxnTooDeep);
+    }
     if txn.compare.len() > max_ops || txn.success.len() > max_ops || txn.failure.len() > max_ops {
         return Err(KvError::TooManyOps);
     }
@@ -30,7 +36,7 @@ fn check_sizes_and_keys(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError>
             RequestOp::Range(r) if r.key.is_empty() => return Err(KvError::EmptyKey),
             RequestOp::Put(p) if p.key.is_empty() => return Err(KvError::EmptyKey),
             RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(KvError::EmptyKey),
-            RequestOp::Txn(nested) => check_sizes_and_keys(nested, max_ops)?,
+            RequestOp::Txn(nested) => check_sizes_and_keys(nested, max_ops, depth + 1)?,
             _ => {}
         }
     }

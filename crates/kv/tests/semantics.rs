@@ -46,6 +46,22 @@ fn duplicate_keys_follow_etcd_check_intervals() {
 }
 
 #[test]
+fn nesting_is_bounded_so_every_accepted_txn_can_be_applied() {
+    let nest = |depth: usize| {
+        let mut t = txn(vec![put("k", "v")], vec![]);
+        for _ in 1..depth {
+            t = txn(vec![RequestOp::Txn(t)], vec![]);
+        }
+        t
+    };
+    assert_eq!(check_txn(&nest(cairn_kv::validate::MAX_TXN_DEPTH), 128), Ok(()));
+    assert_eq!(
+        check_txn(&nest(cairn_kv::validate::MAX_TXN_DEPTH + 1), 128),
+        Err(KvError::TxnTooDeep)
+    );
+}
+
+#[test]
 fn limits_and_empty_keys() {
     let many = (0..129).map(|i| put(&format!("k{i}"), "v")).collect();
     assert_eq!(check_txn(&txn(many, vec![]), DEFAULT_MAX_TXN_OPS), Err(KvError::TooManyOps));

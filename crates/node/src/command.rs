@@ -288,8 +288,10 @@ fn txn(w: &mut W, t: &TxnRequest) {
     }
 }
 
-/// Nesting deeper than this is refused, so hostile input cannot exhaust the stack.
-const MAX_DEPTH: u32 = 64;
+/// Nesting deeper than this is refused, so hostile input cannot exhaust the stack. It exceeds
+/// what validation admits (`cairn_kv::validate::MAX_TXN_DEPTH`), so every proposed command
+/// decodes when applied.
+const MAX_DEPTH: u32 = 128;
 
 fn get_txn(r: &mut R<'_>, depth: u32) -> Result<TxnRequest, DecodeError> {
     if depth > MAX_DEPTH {

@@ -196,3 +196,29 @@ async fn a_linearizable_read_sees_every_write_answered_before_it() {
     e.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A hostile request must not stop the engine: every transaction validation admits decodes and
+/// applies; deeper ones are refused up front.
+#[tokio::test]
+async fn deeply_nested_transactions_are_applied_or_refused_never_fatal() {
+    let dir = temp_dir("nesting");
+    let e = Engine::open(EngineConfig::new("nest", &dir)).unwrap();
+    let nest = |depth: usize| {
+        let mut t = TxnRequest {
+            compare: vec![],
+            success: vec![RequestOp::Put(put_req("deep", "v"))],
+            failure: vec![],
+        };
+        for _ in 1..depth {
+            t = TxnRequest { compare: vec![], success: vec![RequestOp::Txn(t)], failure: vec![] };
+        }
+        t
+    };
+    let max = cairn_kv::validate::MAX_TXN_DEPTH;
+    assert!(e.txn(nest(max)).await.unwrap().succeeded);
+    assert_eq!(e.txn(nest(max + 1)).await, Err(EngineError::Kv(KvError::TxnTooDeep)));
+    assert_eq!(e.range(get_req("deep")).await.unwrap().kvs.len(), 1, "the engine still serves");
+    assert!(e.status().failure.is_none());
+    e.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -12,7 +12,8 @@ pub fn status(e: EngineError) -> Status {
             KvError::KeyNotFound
             | KvError::EmptyKey
             | KvError::DuplicateKey
-            | KvError::TooManyOps => Code::InvalidArgument,
+            | KvError::TooManyOps
+            | KvError::TxnTooDeep => Code::InvalidArgument,
             KvError::LeaseNotFound => Code::NotFound,
             KvError::Backend(_) => Code::DataLoss,
             _ => Code::Internal,
