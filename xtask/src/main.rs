@@ -8,7 +8,8 @@
 //! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
 //!    300 seeds at ten times the fault rate;
 //! 6. the compatibility suites against a release `cairn`: Debian's etcdctl (installed with apt
-//!    if missing) and the official Go client (`tests/compat`, modules from the Go proxy).
+//!    if missing), `cairn bench` against Debian's etcd and cairn, and the official Go client
+//!    (`tests/compat`, modules from the Go proxy).
 //!
 //! `cargo xtask sim-soak` runs the longer simulation documented for humans.
 
@@ -82,18 +83,15 @@ fn have(program: &str) -> bool {
     Command::new(program).arg("version").output().is_ok()
 }
 
-/// Debian's etcdctl, for the smoke test; installed if missing (CI runs as root).
-fn ensure_etcdctl() -> Result<(), String> {
-    if have("etcdctl") {
+/// Debian's etcdctl and etcd, for the smoke tests; installed if missing (CI runs as root).
+fn ensure_etcd_packages() -> Result<(), String> {
+    let etcd_present = std::path::Path::new("/usr/bin/etcd").exists();
+    if have("etcdctl") && etcd_present {
         return Ok(());
     }
     run(".", "apt-get", &["update", "-qq"], &[])?;
-    run(
-        ".",
-        "apt-get",
-        &["install", "-y", "-qq", "--no-install-recommends", "etcd-client"],
-        &[("DEBIAN_FRONTEND", "noninteractive")],
-    )
+    let pkgs = ["install", "-y", "-qq", "--no-install-recommends", "etcd-client", "etcd-server"];
+    run(".", "apt-get", &pkgs, &[("DEBIAN_FRONTEND", "noninteractive")])
 }
 
 /// The compatibility suites that drive a real `cairn` binary: etcdctl and the Go client.
@@ -102,8 +100,9 @@ fn compat() -> Result<(), String> {
     let root = std::env::current_dir().map_err(|e| e.to_string())?;
     let bin = root.join("target/release/cairn");
     let bin = bin.to_str().ok_or("non-UTF-8 path")?;
-    ensure_etcdctl()?;
+    ensure_etcd_packages()?;
     run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
+    run(".", "bash", &["tests/bench_smoke.sh"], &[("CAIRN_BIN", bin)])?;
     if !have("go") {
         return Err("Go is needed for tests/compat (the official etcd client); install it".into());
     }

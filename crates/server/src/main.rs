@@ -23,6 +23,8 @@ struct Cli {
 enum Cmd {
     /// Run a cairn member (the default when no command is given).
     Serve(ServeArgs),
+    /// Benchmark any etcd v3 endpoint (cairn or etcd), or an embedded engine.
+    Bench(cairn_bench::BenchArgs),
 }
 
 #[derive(Args, Clone)]
@@ -103,10 +105,23 @@ async fn shutdown_signal() {
     eprintln!("cairn: shutting down");
 }
 
+fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
+    let json = args.json;
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let report = rt.block_on(cairn_bench::run(args)).map_err(anyhow::Error::msg)?;
+    if json {
+        println!("{}", report.json());
+    } else {
+        println!("{}", report.text());
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
     let args = match cli.command {
         Some(Cmd::Serve(a)) => a,
+        Some(Cmd::Bench(b)) => return bench(b),
         None => cli.serve,
     };
     let cfg = serve_config(args)?;

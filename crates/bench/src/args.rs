@@ -1,0 +1,115 @@
+//! Command-line flags, named as in etcd's benchmark tool and d-engine's bench where they mean the
+//! same thing.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand, ValueEnum};
+
+#[derive(Args, Clone, Debug)]
+pub struct BenchArgs {
+    /// etcd v3 endpoints (repeatable or comma-separated), e.g. 127.0.0.1:2379.
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:2379", global = true)]
+    pub endpoints: Vec<String>,
+    /// gRPC connections to open (clients are spread over them).
+    #[arg(long, default_value_t = 1, global = true)]
+    pub conns: usize,
+    /// Concurrent clients: each keeps one request in flight.
+    #[arg(long, default_value_t = 1, global = true)]
+    pub clients: usize,
+    /// Requests to make in all.
+    #[arg(long, default_value_t = 10_000, global = true)]
+    pub total: u64,
+    #[arg(long, default_value_t = 8, global = true)]
+    pub key_size: usize,
+    #[arg(long, alias = "val-size", default_value_t = 256, global = true)]
+    pub value_size: usize,
+    /// Use keys 0, 1, 2, ... instead of random ones.
+    #[arg(long, global = true)]
+    pub sequential_keys: bool,
+    /// Draw keys from this many distinct keys (hot keys); 0 means the whole key size.
+    #[arg(long, default_value_t = 0, global = true)]
+    pub key_space: u64,
+    /// Find the leader with Maintenance.Status and send every request there.
+    #[arg(long, global = true)]
+    pub target_leader: bool,
+    /// Limit to this many requests per second in all; 0 means no limit.
+    #[arg(long, default_value_t = 0, global = true)]
+    pub rate: u64,
+    /// Print one machine-readable JSON record instead of the text summary.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// Drive an embedded cairn engine in-process (no gRPC) with its data in this directory.
+    #[arg(long, value_name = "DATA_DIR", global = true)]
+    pub embedded: Option<PathBuf>,
+    /// Give up on one request after this many seconds.
+    #[arg(long, default_value_t = 10, global = true)]
+    pub timeout_secs: u64,
+    #[command(subcommand)]
+    pub workload: Workload,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Consistency {
+    /// Linearizable.
+    L,
+    /// Serializable.
+    S,
+}
+
+#[derive(Subcommand, Clone, Debug)]
+pub enum Workload {
+    /// Put random or sequential keys.
+    Put,
+    /// Read one key (or keys from --key-space).
+    Range {
+        /// The key to read; with --key-space, keys are drawn from the same space as puts.
+        #[arg(default_value = "foo")]
+        key: String,
+        #[arg(long, value_enum, default_value_t = Consistency::L)]
+        consistency: Consistency,
+    },
+    /// A transaction with one put per request.
+    TxnPut,
+    /// Reads and writes over --key-space.
+    Mixed {
+        /// Fraction of requests that are reads.
+        #[arg(long, default_value_t = 0.5)]
+        read_ratio: f64,
+    },
+    /// Fan-out: N watchers on one prefix, one writer; counts events delivered.
+    Watch {
+        #[arg(long, default_value_t = 10)]
+        watchers: usize,
+    },
+    /// One watcher, one writer: time from a put's acknowledgement to its event.
+    WatchLatency,
+    /// Each client grants a lease and sends keepalives on a stream.
+    LeaseKeepalive,
+    /// T4 preset: sequential puts, one client, 64-byte keys.
+    SeqPut,
+    /// T4 preset: puts from 16 clients, 64-byte keys.
+    ParPut,
+    /// T4 preset: reads from one client.
+    SeqGet,
+    /// T4 preset: reads from 16 clients.
+    ParGet,
+}
+
+impl Workload {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Workload::Put => "put",
+            Workload::Range { consistency: Consistency::L, .. } => "range-l",
+            Workload::Range { consistency: Consistency::S, .. } => "range-s",
+            Workload::TxnPut => "txn-put",
+            Workload::Mixed { .. } => "mixed",
+            Workload::Watch { .. } => "watch",
+            Workload::WatchLatency => "watch-latency",
+            Workload::LeaseKeepalive => "lease-keepalive",
+            Workload::SeqPut => "seq-put",
+            Workload::ParPut => "par-put",
+            Workload::SeqGet => "seq-get",
+            Workload::ParGet => "par-get",
+        }
+    }
+}

@@ -1,0 +1,247 @@
+//! `cairn bench`: a benchmark tool that speaks the etcd v3 API, so one tool measures cairn and
+//! etcd alike, plus an embedded mode that drives `cairn::Engine` in-process.
+//!
+//! `--clients` is real concurrency: each client is a task with one request in flight, spread over
+//! `--conns` gRPC connections. Failed requests are counted and reported by kind, never skipped.
+
+pub mod args;
+pub mod report;
+pub mod target;
+mod watch;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use args::{BenchArgs, Consistency, Workload};
+use indicatif::{ProgressBar, ProgressStyle};
+use report::{Report, Tally};
+use target::{Embedded, Grpc, Target};
+
+/// What each request does, after presets are resolved.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Op {
+    Put,
+    Range { serializable: bool },
+    TxnPut,
+    Mixed { read_ratio: f64 },
+}
+
+/// A small, fast generator; benchmarks need spread, not cryptographic quality.
+#[derive(Clone, Debug)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Keys of `size` bytes: the number `n` in decimal, zero-padded (sequential keys sort in order).
+pub(crate) fn key(n: u64, size: usize) -> Vec<u8> {
+    let s = format!("{n:0>size$}");
+    s.as_bytes()[s.len().saturating_sub(size)..].to_vec()
+}
+
+/// Applies the T4 presets: their client counts and key sizes.
+fn resolve(mut a: BenchArgs) -> (BenchArgs, Option<Op>) {
+    let op = match a.workload.clone() {
+        Workload::Put => Some(Op::Put),
+        Workload::TxnPut => Some(Op::TxnPut),
+        Workload::Range { consistency, .. } => {
+            Some(Op::Range { serializable: consistency == Consistency::S })
+        }
+        Workload::Mixed { read_ratio } => Some(Op::Mixed { read_ratio }),
+        Workload::SeqPut | Workload::ParPut | Workload::SeqGet | Workload::ParGet => {
+            let par = matches!(a.workload, Workload::ParPut | Workload::ParGet);
+            a.clients = if par { 16 } else { 1 };
+            a.conns = a.conns.max(if par { 4 } else { 1 });
+            a.key_size = 64;
+            if matches!(a.workload, Workload::SeqPut) {
+                a.sequential_keys = true;
+            }
+            if matches!(a.workload, Workload::SeqGet | Workload::ParGet) {
+                a.key_space = if a.key_space == 0 { 1000 } else { a.key_space };
+                Some(Op::Range { serializable: false })
+            } else {
+                Some(Op::Put)
+            }
+        }
+        Workload::Watch { .. } | Workload::WatchLatency | Workload::LeaseKeepalive => None,
+    };
+    (a, op)
+}
+
+fn params(a: &BenchArgs) -> std::collections::BTreeMap<&'static str, String> {
+    let mut p = std::collections::BTreeMap::new();
+    p.insert("conns", a.conns.to_string());
+    p.insert("clients", a.clients.to_string());
+    p.insert("total", a.total.to_string());
+    p.insert("key_size", a.key_size.to_string());
+    p.insert("value_size", a.value_size.to_string());
+    p.insert("sequential_keys", a.sequential_keys.to_string());
+    p.insert("key_space", a.key_space.to_string());
+    p.insert("rate", a.rate.to_string());
+    p.insert("embedded", a.embedded.is_some().to_string());
+    p
+}
+
+fn progress(total: u64) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} {per_sec} eta {eta}") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Runs `args.clients` clients until `args.total` requests are made.
+async fn drive<T: Target>(
+    target: T,
+    a: &BenchArgs,
+    op: Op,
+    range_key: Vec<u8>,
+) -> (Tally, Duration) {
+    let next = Arc::new(AtomicU64::new(0));
+    let bar = progress(a.total);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for client in 0..a.clients.max(1) {
+        let (target, next, bar, a, range_key) =
+            (target.clone(), next.clone(), bar.clone(), a.clone(), range_key.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut tally = Tally::new();
+            let mut rng = Rng(
+                0x9E37_79B9_7F4A_7C15 ^ (client as u64 + 1).wrapping_mul(0xD1B5_4A32_D192_ED03)
+            );
+            let value = vec![b'v'; a.value_size];
+            loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                if i >= a.total {
+                    break;
+                }
+                if a.rate > 0 {
+                    // Global pacing: request i starts no earlier than i / rate seconds in.
+                    let due = start + Duration::from_secs_f64(i as f64 / a.rate as f64);
+                    tokio::time::sleep_until(due.into()).await;
+                }
+                let n = if a.sequential_keys { i } else { rng.next() };
+                let n = if a.key_space > 0 { n % a.key_space } else { n };
+                let k = key(n, a.key_size);
+                let began = Instant::now();
+                let result = match op {
+                    Op::Put => target.put(client, k, value.clone()).await,
+                    Op::TxnPut => target.txn_put(client, k, value.clone()).await,
+                    Op::Range { serializable } => {
+                        let k = if a.key_space > 0 { k } else { range_key.clone() };
+                        target.range(client, k, serializable).await
+                    }
+                    Op::Mixed { read_ratio } => {
+                        if (rng.next() % 10_000) as f64 / 10_000.0 < read_ratio {
+                            target.range(client, k, false).await
+                        } else {
+                            target.put(client, k, value.clone()).await
+                        }
+                    }
+                };
+                tally.record(began.elapsed(), result);
+                if i % 64 == 0 {
+                    bar.set_position(i);
+                }
+            }
+            tally
+        }));
+    }
+    let mut tally = Tally::new();
+    for t in tasks {
+        if let Ok(part) = t.await {
+            tally.merge(part);
+        }
+    }
+    let elapsed = start.elapsed();
+    bar.finish_and_clear();
+    (tally, elapsed)
+}
+
+/// Writes every key of `--key-space` once, so reads find them (not measured).
+async fn prepare<T: Target>(target: &T, a: &BenchArgs, op: Op) -> Result<(), String> {
+    if !matches!(op, Op::Range { .. } | Op::Mixed { .. }) || a.key_space == 0 {
+        return Ok(());
+    }
+    let value = vec![b'v'; a.value_size];
+    for n in 0..a.key_space.min(100_000) {
+        target
+            .put(0, key(n, a.key_size), value.clone())
+            .await
+            .map_err(|e| format!("preparing keys: {e}"))?;
+    }
+    Ok(())
+}
+
+/// Picks the endpoint to use: the first, or with `--target-leader` the one that leads.
+async fn choose_endpoint(a: &BenchArgs, timeout: Duration) -> Result<(Grpc, String), String> {
+    let mut first = None;
+    for ep in &a.endpoints {
+        let conn = Grpc::connect(ep, a.conns, timeout).await?;
+        let (version, member, leader) =
+            conn.status().await.unwrap_or_else(|_| ("unknown".into(), 0, 0));
+        if !a.target_leader || (member != 0 && member == leader) {
+            return Ok((conn, version));
+        }
+        first.get_or_insert((conn, version));
+    }
+    first.ok_or_else(|| "no endpoint given".to_string())
+}
+
+/// Runs the benchmark the arguments describe.
+pub async fn run(args: BenchArgs) -> Result<Report, String> {
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let (a, op) = resolve(args);
+    let name = a.workload.name().to_string();
+    let range_key = match &a.workload {
+        Workload::Range { key, .. } => key.as_bytes().to_vec(),
+        _ => b"foo".to_vec(),
+    };
+    if let Some(dir) = &a.embedded {
+        let Some(op) = op else {
+            return Err(format!("{name} is not available in --embedded mode"));
+        };
+        let target = Embedded::open(dir)?;
+        prepare(&target, &a, op).await?;
+        let (tally, elapsed) = drive(target.clone(), &a, op, range_key).await;
+        target.0.stop();
+        let endpoint = format!("embedded:{}", dir.display());
+        return Ok(Report {
+            workload: name,
+            endpoint,
+            server_version: "cairn (embedded)".into(),
+            params: params(&a),
+            elapsed,
+            tally,
+            extra: Default::default(),
+        });
+    }
+    let (conn, version) = choose_endpoint(&a, timeout).await?;
+    let endpoint = conn.endpoint.clone();
+    let (tally, elapsed, extra) = match (op, &a.workload) {
+        (Some(op), _) => {
+            prepare(&conn, &a, op).await?;
+            let (t, e) = drive(conn, &a, op, range_key).await;
+            (t, e, Default::default())
+        }
+        (None, Workload::Watch { watchers }) => watch::fan_out(&conn, &a, *watchers).await?,
+        (None, Workload::WatchLatency) => watch::latency(&conn, &a).await?,
+        (None, _) => watch::lease_keepalive(&conn, &a).await?,
+    };
+    Ok(Report {
+        workload: name,
+        endpoint,
+        server_version: version,
+        params: params(&a),
+        elapsed,
+        tally,
+        extra,
+    })
+}

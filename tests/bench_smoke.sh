@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# `cairn bench` against a real etcd (Debian's etcd-server) and against cairn: a few hundred
+# requests of each workload, checking the counts in the JSON records. Loopback only; every wait
+# is bounded; everything started here is stopped on exit.
+set -euo pipefail
+BIN=${CAIRN_BIN:?set CAIRN_BIN to the cairn binary}
+ETCD=${ETCD_BIN:-$(command -v etcd || echo /usr/bin/etcd)}
+DIR=$(mktemp -d /tmp/cairn-bench-smoke.XXXX)
+PIDS=()
+trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$DIR"' EXIT
+port() { echo $((20000 + RANDOM % 20000)); }
+wait_health() { for _ in $(seq 150); do curl -fs "$1/health" >/dev/null && return 0; sleep 0.1; done; echo "no health at $1" >&2; return 1; }
+passed=0
+# check NAME JSON PYTHON-CONDITION: the record parses and the condition on it holds.
+check() {
+  if python3 -c "import json,sys; r=json.loads(sys.argv[1]); res=r['results']; sys.exit(0 if ($3) else 1)" "$2"; then
+    passed=$((passed + 1))
+  else
+    echo "bench smoke: $1 failed: $2" >&2; exit 1
+  fi
+}
+run() { "$BIN" bench --endpoints "$EP" --total 200 --clients 4 --conns 2 --json "$@" 2>/dev/null; }
+
+EP_PORT=$(port); EP=127.0.0.1:$EP_PORT
+"$ETCD" --data-dir "$DIR/etcd" --listen-client-urls "http://$EP" --advertise-client-urls "http://$EP" \
+  --listen-peer-urls "http://127.0.0.1:$(port)" >"$DIR/etcd.log" 2>&1 &
+PIDS+=($!)
+wait_health "http://$EP"
+for w in put "range foo --consistency l" "range foo --consistency s" txn-put "mixed --key-space 50" seq-put par-put par-get lease-keepalive; do
+  check "etcd $w" "$(run $w)" "res['requests'] == 200 and res['errors'] == 0 and res['throughput_ops'] > 0"
+done
+check "etcd watch" "$(run watch --watchers 3)" "res['errors'] == 0 and res['extra']['events_delivered'] == 600"
+check "etcd watch-latency" "$(run watch-latency)" "res['errors'] == 0 and res['latency_us']['p99'] >= res['latency_us']['p50']"
+
+EP_PORT=$(port); EP=127.0.0.1:$EP_PORT
+"$BIN" serve --data-dir "$DIR/cairn" --listen-client-urls "http://$EP" 2>"$DIR/cairn.log" &
+PIDS+=($!)
+wait_health "http://$EP"
+for w in put "range foo --consistency l" "range foo --consistency s" txn-put "mixed --key-space 50" seq-put par-put par-get; do
+  check "cairn $w" "$(run $w)" "res['requests'] == 200 and res['errors'] == 0 and r['server_version'].startswith('3.6.')"
+done
+# Watch and leases are not implemented in cairn yet: every request fails, and the run says so.
+check "cairn lease-keepalive" "$(run lease-keepalive)" "res['errors'] == 200 and any('Unimplemented' in k for k in res['error_kinds'])"
+check "embedded put" "$("$BIN" bench --embedded "$DIR/embedded" --total 200 --clients 4 --json put 2>/dev/null)" "res['requests'] == 200 and res['errors'] == 0"
+echo "bench smoke: $passed passed, 0 failed"
