@@ -8,8 +8,8 @@
 //! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
 //!    300 seeds at ten times the fault rate;
 //! 6. the compatibility suites against a release `cairn`: Debian's etcdctl (installed with apt
-//!    if missing), `cairn bench` against Debian's etcd and cairn, and the official Go client
-//!    (`tests/compat`, modules from the Go proxy).
+//!    if missing), `cairn bench` against Debian's etcd and cairn, the comparison runner in its
+//!    quick mode, and the official Go client (`tests/compat`, modules from the Go proxy).
 //!
 //! `cargo xtask sim-soak` runs the longer simulation documented for humans.
 
@@ -103,6 +103,9 @@ fn compat() -> Result<(), String> {
     ensure_etcd_packages()?;
     run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
     run(".", "bash", &["tests/bench_smoke.sh"], &[("CAIRN_BIN", bin)])?;
+    // The comparison runner in its quick mode (one small round, report under /tmp), so the
+    // script that produces bench/results keeps working.
+    run(".", "python3", &["scripts/compare.py", "--quick"], &[])?;
     if !have("go") {
         return Err("Go is needed for tests/compat (the official etcd client); install it".into());
     }

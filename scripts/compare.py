@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Side-by-side comparison of cairn and etcd on this machine.
+
+Starts etcd and cairn in turn (single member, fsync on, 127.0.0.1 only), runs the workload matrix
+of shared/design/benchmarks.md with `cairn bench` against each, alternating which system goes
+first in each round, and writes bench/results/<date>.md (medians, ratios cairn/etcd) and a PNG
+chart of the ratios. It records the disk's raw fdatasync latency before and after, cross-checks
+one row with etcd's own `benchmark` tool, and measures idle and loaded RSS, start-to-healthy
+time and binary size. Everything it starts is stopped; every run is bounded in time.
+
+    python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
+    python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CAIRN = os.path.join(ROOT, "target", "release", "cairn")
+PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
+ETCD_BUILT = "/opt/etcd-peers/v3.5.17"
+
+# (id, cairn bench arguments, what it measures). Totals are scaled down by --quick.
+MATRIX = [
+    ("W1 put 1 client", ["--conns", "1", "--clients", "1", "--sequential-keys", "--total", "10000", "put"]),
+    ("W2 put 100 clients", ["--conns", "10", "--clients", "100", "--total", "10000", "put"]),
+    ("R-l range 100 clients", ["--conns", "10", "--clients", "100", "--total", "10000", "range", "foo", "--consistency", "l"]),
+    ("R-s range 100 clients", ["--conns", "10", "--clients", "100", "--total", "10000", "range", "foo", "--consistency", "s"]),
+    ("HOT range l, 10 keys", ["--conns", "10", "--clients", "100", "--total", "10000", "--key-space", "10", "range", "--consistency", "l"]),
+    ("T4 seq-put", ["--total", "5000", "--value-size", "256", "seq-put"]),
+    ("T4 par-put", ["--total", "10000", "--value-size", "256", "par-put"]),
+    ("T4 seq-get", ["--total", "5000", "seq-get"]),
+    ("T4 par-get", ["--total", "10000", "par-get"]),
+    ("T4 mixed 50/50", ["--conns", "4", "--clients", "16", "--key-size", "64", "--key-space", "1000", "--total", "10000", "mixed", "--read-ratio", "0.5"]),
+    ("WL watch latency", ["--total", "2000", "watch-latency"]),
+    ("WL watch fan-out 10", ["--total", "2000", "watch", "--watchers", "10"]),
+]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def fdatasync_latency():
+    fd, path = tempfile.mkstemp(dir=ROOT)
+    lat = []
+    try:
+        for _ in range(300):
+            os.write(fd, b"x" * 256)
+            t = time.perf_counter()
+            os.fdatasync(fd)
+            lat.append((time.perf_counter() - t) * 1e6)
+    finally:
+        os.close(fd)
+        os.remove(path)
+    lat.sort()
+    return {"p50_us": round(lat[150]), "p99_us": round(lat[296])}
+
+
+def rss_kib(pid):
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class Server:
+    """One single-member server on a loopback port, stopped on exit."""
+
+    def __init__(self, name, binary, work):
+        self.name, self.binary = name, binary
+        self.port = free_port()
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self.data = tempfile.mkdtemp(prefix=f"{name}-", dir=work)
+        url = f"http://{self.endpoint}"
+        if name == "cairn":
+            cmd = [binary, "serve", "--data-dir", self.data, "--listen-client-urls", url]
+        else:
+            peer = f"http://127.0.0.1:{free_port()}"
+            cmd = [binary, "--data-dir", self.data, "--listen-client-urls", url, "--advertise-client-urls", url,
+                   "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer, "--initial-cluster", f"default={peer}"]
+        self.log = open(os.path.join(self.data, "log"), "w")
+        started = time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            self.stop()
+            raise RuntimeError(f"{name} did not become healthy")
+        self.start_ms = (time.perf_counter() - started) * 1000
+        time.sleep(0.5)
+        self.idle_rss = rss_kib(self.proc.pid)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.data, ignore_errors=True)
+
+
+def bench(endpoint, args, quick):
+    if quick:
+        args = [str(max(100, int(a) // 20)) if prev == "--total" else a for prev, a in zip([""] + args, args)]
+    out = subprocess.run([CAIRN, "bench", "--endpoints", endpoint, "--json"] + args,
+                         capture_output=True, text=True, timeout=600)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip()[-300:]}
+    return json.loads(out.stdout)["results"]
+
+
+def etcd_benchmark(endpoint, quick):
+    """etcd's own tool on the W2 row, to cross-check `cairn bench`."""
+    tool = os.path.join(ETCD_BUILT, "benchmark")
+    if not os.path.exists(tool):
+        return None
+    total = "500" if quick else "10000"
+    out = subprocess.run([tool, f"--endpoints={endpoint}", "--conns=10", "--clients=100", "put", "--key-size=8",
+                          f"--total={total}", "--val-size=256"], capture_output=True, text=True, timeout=600)
+    res = {}
+    for line in out.stdout.splitlines():
+        if "Requests/sec" in line:
+            res["throughput_ops"] = float(line.split()[-1])
+        if "99% in" in line:
+            res["p99_us"] = float(line.split()[2]) * 1e6
+    return res or None
+
+
+def median(xs):
+    return statistics.median(xs) if xs else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="1 round, totals / 20: a test of the runner")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--etcd", help="etcd server binary (default: 3.5.17 if built, else Debian's)")
+    ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    a = ap.parse_args()
+    rounds = 1 if a.quick else a.rounds
+    etcd = a.etcd or (os.path.join(ETCD_BUILT, "etcd") if os.path.exists(os.path.join(ETCD_BUILT, "etcd")) else shutil.which("etcd") or "/usr/bin/etcd")
+    etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    work = tempfile.mkdtemp(prefix="cairn-compare-")
+    fs_before = fdatasync_latency()
+    results = {}  # (row, system) -> list of result dicts
+    resources = {"etcd": [], "cairn": []}
+    crosscheck = {}
+    try:
+        for r in range(rounds):
+            order = ["etcd", "cairn"] if r % 2 == 0 else ["cairn", "etcd"]
+            for system in order:
+                srv = Server(system, etcd if system == "etcd" else CAIRN, work)
+                try:
+                    subprocess.run([CAIRN, "bench", "--endpoints", srv.endpoint, "--total", "1", "put"],
+                                   capture_output=True, timeout=60)
+                    for row, args in MATRIX:
+                        res = bench(srv.endpoint, args, a.quick)
+                        results.setdefault((row, system), []).append(res)
+                        print(f"round {r + 1} {system:5} {row:24} {res.get('throughput_ops', 0):10.0f} ops/s"
+                              f" errors {res.get('errors', '-')}", file=sys.stderr)
+                    if r == 0:
+                        crosscheck[system] = {"etcd benchmark": etcd_benchmark(srv.endpoint, a.quick),
+                                              "cairn bench": bench(srv.endpoint, MATRIX[1][1], a.quick)}
+                    resources[system].append({"start_ms": srv.start_ms, "idle_rss_kib": srv.idle_rss,
+                                              "loaded_rss_kib": rss_kib(srv.proc.pid)})
+                finally:
+                    srv.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    fs_after = fdatasync_latency()
+    write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds)
+
+
+def summarize(results, row, system):
+    runs = [x for x in results.get((row, system), []) if "throughput_ops" in x]
+    failed = any(x.get("errors", 0) > 0 or "error" in x for x in results.get((row, system), []))
+    if not runs or failed:
+        return None
+    return {"ops": median([x["throughput_ops"] for x in runs]), "p99": median([x["latency_us"]["p99"] for x in runs])}
+
+
+def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds):
+    day = datetime.date.today().isoformat()
+    out_dir = tempfile.mkdtemp(prefix="cairn-compare-report-") if a.quick else a.out
+    os.makedirs(out_dir, exist_ok=True)
+    md_path, png_path = os.path.join(out_dir, f"{day}.md"), os.path.join(out_dir, f"{day}.png")
+    lines = [f"# cairn vs etcd, {day}", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; "
+             f"loopback, single member each, fsync on. etcd: {etcd_version} (`{etcd}`); cairn: `target/release/cairn`.",
+             f"Medians of {rounds} rounds; each round starts both systems fresh, alternating which goes first. "
+             f"Client: `cairn bench` (key 8 B, value 256 B unless the row says otherwise).",
+             f"Raw fdatasync before: p50 {fs_before['p50_us']} µs, p99 {fs_before['p99_us']} µs; "
+             f"after: p50 {fs_after['p50_us']} µs, p99 {fs_after['p99_us']} µs.", "",
+             "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs |",
+             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    ratios = []
+    for row, _ in MATRIX:
+        e, c = summarize(results, row, "etcd"), summarize(results, row, "cairn")
+        if e and c:
+            ratio = c["ops"] / e["ops"]
+            ratios.append((row, ratio))
+            lines.append(f"| {row} | {e['ops']:.0f} | {c['ops']:.0f} | {ratio:.2f} | {e['p99']:.0f} | {c['p99']:.0f} |")
+        else:
+            why = "not implemented in cairn yet" if e else "failed"
+            lines.append(f"| {row} | {e['ops']:.0f} | n/a | n/a | {e['p99']:.0f} | {why} |" if e else f"| {row} | n/a | n/a | n/a | n/a | {why} |")
+    lines += ["", "Cross-check on W2 (put, 100 clients), first round:", "",
+              "| server | etcd `benchmark` ops/s | `cairn bench` ops/s |", "| --- | ---: | ---: |"]
+    for system, cc in crosscheck.items():
+        eb = cc["etcd benchmark"]
+        cb = cc["cairn bench"]
+        lines.append(f"| {system} | {eb['throughput_ops']:.0f} | {cb.get('throughput_ops', 0):.0f} |" if eb else f"| {system} | (tool not built) | {cb.get('throughput_ops', 0):.0f} |")
+    lines += ["", "Resources (medians):", "", "| | start to healthy ms | idle RSS MiB | RSS after the matrix MiB | binary MB |",
+              "| --- | ---: | ---: | ---: | ---: |"]
+    for system, binary in [("etcd", etcd), ("cairn", CAIRN)]:
+        rs = resources[system]
+        size = os.path.getsize(binary) / 1e6
+        lines.append(f"| {system} | {median([x['start_ms'] for x in rs]):.0f} | {median([x['idle_rss_kib'] for x in rs]) / 1024:.1f} | "
+                     f"{median([x['loaded_rss_kib'] for x in rs]) / 1024:.1f} | {size:.1f} |")
+    lines += ["", f"![cairn/etcd throughput ratios]({day}.png)", ""]
+    with open(md_path, "w") as f:
+        f.write("\n".join(lines))
+    chart(ratios, png_path, day)
+    print("\n".join(lines))
+    print(f"\nwrote {md_path} and {png_path}", file=sys.stderr)
+
+
+def chart(ratios, path, day):
+    try:
+        import matplotlib
+    except ImportError:
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "matplotlib"], check=True)
+        import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r for r, _ in ratios]
+    values = [v for _, v in ratios]
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(names) + 1.5))
+    ax.barh(names, values, color=["#2a7" if v >= 1 else "#c44" for v in values])
+    ax.axvline(1.0, color="black", linewidth=1)
+    ax.axvline(2.0, color="gray", linewidth=1, linestyle="--")
+    ax.invert_yaxis()
+    ax.set_xlabel("throughput, cairn / etcd (medians; >1 means cairn is faster)")
+    ax.set_title(f"cairn vs etcd on this machine, {day}")
+    for i, v in enumerate(values):
+        ax.text(v, i, f" {v:.2f}", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+if __name__ == "__main__":
+    main()
