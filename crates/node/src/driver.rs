@@ -344,11 +344,15 @@ impl Driver {
     }
 
     fn publish_status(&self) {
+        let leader = self.raft.leader().map(|l| l.0);
+        self.shared.leader.store(leader.unwrap_or(0), Ordering::Relaxed);
+        self.shared.raft_term.store(self.raft.term().0, Ordering::Relaxed);
         let mut s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        s.leader = self.raft.leader().map(|l| l.0);
+        s.leader = leader;
         s.raft_term = self.raft.term().0;
         s.raft_index = self.raft.last_index().0;
         s.raft_applied_index = self.raft.applied_index().0;
+        drop(s);
         let sole = self.raft.role() == Role::Leader
             && self.raft.conf_state().voters.len() == 1
             && !self.raft.conf_state().is_joint();

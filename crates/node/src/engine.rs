@@ -84,6 +84,12 @@ pub(crate) struct Shared {
     pub(crate) sole_voter: std::sync::atomic::AtomicBool,
     /// Set once storage failed: the engine serves nothing more (fail-stop).
     pub(crate) failed: std::sync::atomic::AtomicBool,
+    /// Read on every response header, so kept out of the status mutex.
+    pub(crate) raft_term: AtomicU64,
+    /// The leader's id, 0 for none.
+    pub(crate) leader: AtomicU64,
+    pub(crate) member_id: u64,
+    pub(crate) cluster_id: u64,
 }
 
 impl Shared {
@@ -139,6 +145,11 @@ fn member_id(dir: &Path, name: &str) -> Result<u64, EngineError> {
     Ok(id)
 }
 
+/// A single-member cluster's id, derived from its member's.
+fn status_cluster_id(member: u64) -> u64 {
+    member.rotate_left(17) ^ 0x5bd1_e995
+}
+
 impl Engine {
     /// Opens (or creates) the engine's data directory and starts its driver thread. Returns once
     /// every entry committed before a restart is applied again.
@@ -169,6 +180,10 @@ impl Engine {
             executed: tokio::sync::watch::Sender::new(applied),
             sole_voter: std::sync::atomic::AtomicBool::new(false),
             failed: std::sync::atomic::AtomicBool::new(false),
+            raft_term: AtomicU64::new(0),
+            leader: AtomicU64::new(0),
+            member_id: id,
+            cluster_id: status_cluster_id(id),
         });
         let (tx, rx) = mpsc::channel();
         let (ready_tx, ready_rx) = std::sync::mpsc::channel();
@@ -208,22 +223,19 @@ impl Engine {
 
     /// (cluster id, member id), for response headers.
     pub fn identity(&self) -> (u64, u64) {
-        let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        (s.cluster_id, s.member_id)
+        (self.shared.cluster_id, self.shared.member_id)
     }
 
     pub fn raft_term(&self) -> u64 {
-        self.shared.status.lock().unwrap_or_else(|e| e.into_inner()).raft_term
+        self.shared.raft_term.load(Ordering::Relaxed)
     }
 
     /// The leader's member id, if there is one and the engine has not stopped.
     pub fn leader(&self) -> Option<u64> {
-        let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
-        if s.failure.is_some() {
-            None
-        } else {
-            s.leader
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return None;
         }
+        Some(self.shared.leader.load(Ordering::Relaxed)).filter(|l| *l != 0)
     }
 
     pub fn config(&self) -> &EngineConfig {
