@@ -9,6 +9,7 @@ import (
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 )
 
@@ -313,5 +314,22 @@ func TestKillAndRestartKeepsAcknowledgedWrites(t *testing.T) {
 	got := must(c2.Get(x, "k", clientv3.WithPrefix(), clientv3.WithCountOnly()))
 	if got.Count != 300 || got.Header.Revision != last {
 		t.Fatalf("after SIGKILL and restart: count %d revision %d (want 300, %d)", got.Count, got.Header.Revision, last)
+	}
+}
+
+func TestHealthAndRequireLeader(t *testing.T) {
+	s := startCairn(t, "")
+	c := s.client()
+	x := ctx(t)
+	// The standard gRPC health service answers SERVING.
+	hc := healthpb.NewHealthClient(c.ActiveConnection())
+	h := must(hc.Check(x, &healthpb.HealthCheckRequest{}))
+	if h.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("grpc health: %v", h.Status)
+	}
+	// Calls with hasleader=true (clientv3.WithRequireLeader) succeed while a leader exists.
+	must(c.Put(clientv3.WithRequireLeader(x), "rl", "v"))
+	if got := must(c.Get(clientv3.WithRequireLeader(x), "rl")); len(got.Kvs) != 1 {
+		t.Fatal("read with hasleader")
 	}
 }
