@@ -19,20 +19,8 @@ use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
-    let started = Instant::now();
-    println!("==> cargo {}", args.join(" "));
-    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
-    cmd.args(args);
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
-    println!("    ({:.1}s)", started.elapsed().as_secs_f64());
-    if status.success() {
-        Ok(())
-    } else {
-        Err(format!("`cargo {}` failed ({status})", args.join(" ")))
-    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    run(".", &cargo, args, env)
 }
 
 fn sim(args: &[&str]) -> Result<(), String> {

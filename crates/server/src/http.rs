@@ -23,36 +23,31 @@ async fn ready(engine: &Engine) -> Result<(), String> {
     }
 }
 
+/// Answers with `ok_body` when ready, or 503 with `fail_body(reason)`.
+fn readiness(
+    engine: Arc<Engine>,
+    ok_body: &'static str,
+    fail_body: fn(String) -> String,
+) -> axum::routing::MethodRouter {
+    get(move || {
+        let engine = engine.clone();
+        async move {
+            match ready(&engine).await {
+                Ok(()) => (StatusCode::OK, ok_body.to_string()),
+                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, fail_body(why)),
+            }
+        }
+    })
+}
+
 pub fn routes(engine: Arc<Engine>) -> Router {
-    let e1 = engine.clone();
-    let e2 = engine;
     Router::new()
         .route(
             "/health",
-            get(move || {
-                let engine = e1.clone();
-                async move {
-                    match ready(&engine).await {
-                        Ok(()) => (StatusCode::OK, r#"{"health":"true","reason":""}"#.to_string()),
-                        Err(why) => (
-                            StatusCode::SERVICE_UNAVAILABLE,
-                            format!(r#"{{"health":"false","reason":{why:?}}}"#),
-                        ),
-                    }
-                }
+            readiness(engine.clone(), r#"{"health":"true","reason":""}"#, |why| {
+                format!(r#"{{"health":"false","reason":{why:?}}}"#)
             }),
         )
         .route("/livez", get(|| async { "ok" }))
-        .route(
-            "/readyz",
-            get(move || {
-                let engine = e2.clone();
-                async move {
-                    match ready(&engine).await {
-                        Ok(()) => (StatusCode::OK, "ok".to_string()),
-                        Err(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("not ready: {why}")),
-                    }
-                }
-            }),
-        )
+        .route("/readyz", readiness(engine, "ok", |why| format!("not ready: {why}")))
 }
