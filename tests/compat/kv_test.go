@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"google.golang.org/grpc/codes"
@@ -331,5 +332,18 @@ func TestHealthAndRequireLeader(t *testing.T) {
 	must(c.Put(clientv3.WithRequireLeader(x), "rl", "v"))
 	if got := must(c.Get(clientv3.WithRequireLeader(x), "rl")); len(got.Kvs) != 1 {
 		t.Fatal("read with hasleader")
+	}
+}
+
+// A transaction op with no request set is refused (etcd's checkRequestOp), not silently dropped.
+func TestEmptyTxnOpIsRefused(t *testing.T) {
+	s := startCairn(t, "")
+	c := s.client()
+	x := ctx(t)
+	// The Go client refuses to build an empty op, so send it with the raw stub.
+	raw := pb.NewKVClient(c.ActiveConnection())
+	_, err := raw.Txn(x, &pb.TxnRequest{Success: []*pb.RequestOp{{}}})
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "key not found") {
+		t.Fatalf("an empty op must be refused with etcd's error, got %v", err)
 	}
 }

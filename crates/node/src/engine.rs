@@ -304,6 +304,23 @@ impl Engine {
         }
     }
 
+    /// The current value of one key (a linearizable read), or `None` if it does not exist.
+    pub async fn get(
+        &self,
+        key: impl Into<bytes::Bytes>,
+    ) -> Result<Option<cairn_kv::KeyValue>, EngineError> {
+        let resp = self.range(RangeRequest { key: key.into(), ..RangeRequest::default() }).await?;
+        Ok(resp.kvs.into_iter().next())
+    }
+
+    /// Deletes one key; returns whether it existed.
+    pub async fn delete(&self, key: impl Into<bytes::Bytes>) -> Result<bool, EngineError> {
+        let resp = self
+            .delete_range(DeleteRangeRequest { key: key.into(), ..DeleteRangeRequest::default() })
+            .await?;
+        Ok(resp.deleted > 0)
+    }
+
     /// A read: linearizable unless `serializable` is set, in which case it reads this member's
     /// applied state without a round of Raft.
     pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, EngineError> {

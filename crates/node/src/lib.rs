@@ -19,6 +19,10 @@
 //!     let read = engine.range(RangeRequest { key: Bytes::from("greeting"), ..Default::default() }).await.unwrap();
 //!     assert_eq!(read.kvs[0].value, Bytes::from("hello"));
 //!     assert_eq!(read.kvs[0].mod_revision, written.revision);
+//!     let kv = engine.get("greeting").await.unwrap().expect("present");
+//!     assert_eq!(kv.version, 1);
+//!     assert!(engine.delete("greeting").await.unwrap());
+//!     assert!(engine.get("greeting").await.unwrap().is_none());
 //!     engine.stop();
 //! });
 //! # std::fs::remove_dir_all(&dir).unwrap();

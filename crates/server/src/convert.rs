@@ -83,26 +83,28 @@ fn compare(c: pb::Compare) -> kv::Compare {
     kv::Compare { key: bytes(c.key), range_end: bytes(c.range_end), target, result }
 }
 
-fn ops(list: Vec<pb::RequestOp>) -> Vec<kv::RequestOp> {
+/// An op with no request set is refused as etcd's `checkRequestOp` does (key not found), rather
+/// than dropped, which would change the transaction's shape.
+fn ops(list: Vec<pb::RequestOp>) -> Result<Vec<kv::RequestOp>, kv::KvError> {
     use pb::request_op::Request as Q;
     list.into_iter()
-        .filter_map(|op| {
-            Some(match op.request? {
+        .map(|op| {
+            Ok(match op.request.ok_or(kv::KvError::KeyNotFound)? {
                 Q::RequestRange(r) => kv::RequestOp::Range(range_req(r)),
                 Q::RequestPut(p) => kv::RequestOp::Put(put_req(p)),
                 Q::RequestDeleteRange(d) => kv::RequestOp::DeleteRange(delete_req(d)),
-                Q::RequestTxn(t) => kv::RequestOp::Txn(txn_req(t)),
+                Q::RequestTxn(t) => kv::RequestOp::Txn(txn_req(t)?),
             })
         })
         .collect()
 }
 
-pub fn txn_req(t: pb::TxnRequest) -> kv::TxnRequest {
-    kv::TxnRequest {
+pub fn txn_req(t: pb::TxnRequest) -> Result<kv::TxnRequest, kv::KvError> {
+    Ok(kv::TxnRequest {
         compare: t.compare.into_iter().map(compare).collect(),
-        success: ops(t.success),
-        failure: ops(t.failure),
-    }
+        success: ops(t.success)?,
+        failure: ops(t.failure)?,
+    })
 }
 
 pub fn kv_pb(kv: kv::KeyValue) -> mvccpb::KeyValue {

@@ -73,7 +73,8 @@ impl pb::kv_server::Kv for Ctx {
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         self.check_leader(&req)?;
-        let r = self.engine.txn(convert::txn_req(req.into_inner())).await.map_err(status)?;
+        let txn = convert::txn_req(req.into_inner()).map_err(|e| status(e.into()))?;
+        let r = self.engine.txn(txn).await.map_err(status)?;
         Ok(Response::new(self.header().txn(r)))
     }
 
