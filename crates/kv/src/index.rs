@@ -71,19 +71,41 @@ impl Index {
     /// deletion exactly at `at` stays, so a watch from `at` still sees it. Returns the revisions
     /// dropped, whose stored records may be removed.
     pub fn compact(&mut self, at: Revision) -> Vec<RevisionId> {
+        self.compact_some(at, None, usize::MAX).0
+    }
+
+    /// Like [`Index::compact`], for at most `max` keys from `from` (inclusive) on, so a large
+    /// index is compacted in bounded steps. Returns the dropped revisions and where to resume
+    /// (`None` when done).
+    pub fn compact_some(
+        &mut self,
+        at: Revision,
+        from: Option<&Bytes>,
+        max: usize,
+    ) -> (Vec<RevisionId>, Option<Bytes>) {
+        let start = from.map_or(Bound::Unbounded, Bound::Included);
+        let keys: Vec<Bytes> = self
+            .keys
+            .range::<Bytes, _>((start, Bound::Unbounded))
+            .take(max + 1)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let resume = if keys.len() > max { keys.last().cloned() } else { None };
         let mut dropped = Vec::new();
-        self.keys.retain(|_, list| {
+        for k in keys.iter().take(max) {
+            let Some(list) = self.keys.get_mut(k) else { continue };
             let upto = list.partition_point(|e| e.rev.main <= at);
             if upto == 0 {
-                return true;
+                continue;
             }
             let last = list[upto - 1];
-            let drop_last = last.tombstone && last.rev.main < at;
-            let cut = if drop_last { upto } else { upto - 1 };
+            let cut = if last.tombstone && last.rev.main < at { upto } else { upto - 1 };
             dropped.extend(list.drain(..cut).map(|e| e.rev));
-            !list.is_empty()
-        });
-        dropped
+            if list.is_empty() {
+                self.keys.remove(k);
+            }
+        }
+        (dropped, resume)
     }
 
     pub fn key_count(&self) -> usize {

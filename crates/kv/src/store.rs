@@ -42,6 +42,8 @@ struct Inner {
     unflushed: HashMap<RevisionId, Record>,
     /// Records dropped from the index and not yet removed from the backend.
     to_remove: Vec<RevisionId>,
+    /// An index compaction in progress: its revision and the key to resume at.
+    index_compaction: Option<(Revision, Option<bytes::Bytes>)>,
 }
 
 /// The etcd data model over a backend.
@@ -114,6 +116,7 @@ impl<B: Backend> Store<B> {
             exec_applied: meta.applied_index,
             unflushed: HashMap::new(),
             to_remove,
+            index_compaction: None,
         };
         Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
     }
@@ -267,9 +270,10 @@ impl<B: Backend> Store<B> {
         inner.current = current;
         inner.applied_index = applied_index;
         if let Some(c) = compact_to {
+            // Reads below `c` are refused from now on; the index sheds the history they would
+            // have needed in bounded steps (compact_step), never in one long pause.
             inner.compacted = c;
-            let dropped = inner.index.compact(c);
-            inner.to_remove.extend(dropped);
+            inner.index_compaction = Some((c, None));
         }
         Ok(())
     }
@@ -287,12 +291,18 @@ impl<B: Backend> Store<B> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let batch = {
             let mut inner = self.write();
-            if inner.to_remove.is_empty() && inner.compacted_physically == inner.compacted {
+            if let Some((at, cursor)) = inner.index_compaction.take() {
+                let (dropped, resume) = inner.index.compact_some(at, cursor.as_ref(), max);
+                inner.to_remove.extend(dropped);
+                inner.index_compaction = resume.map(|k| (at, Some(k)));
+            }
+            let idle = inner.index_compaction.is_none() && inner.to_remove.is_empty();
+            if idle && inner.compacted_physically == inner.compacted {
                 return Ok(false);
             }
             let n = max.min(inner.to_remove.len());
             let deletes: Vec<RevisionId> = inner.to_remove.drain(..n).collect();
-            if inner.to_remove.is_empty() {
+            if inner.to_remove.is_empty() && inner.index_compaction.is_none() {
                 inner.compacted_physically = inner.compacted;
             }
             let meta = Meta {
@@ -310,14 +320,18 @@ impl<B: Backend> Store<B> {
     /// Whether the history below the latest executed compaction is physically gone.
     pub fn physically_compacted(&self) -> bool {
         let inner = self.read();
-        inner.to_remove.is_empty() && inner.compacted_physically == inner.exec_compacted
+        inner.to_remove.is_empty()
+            && inner.index_compaction.is_none()
+            && inner.compacted_physically == inner.exec_compacted
     }
 
     /// Whether [`Store::compact_step`] has work it can do now (a compaction must be committed
     /// before its history can be removed).
     pub fn compaction_work(&self) -> bool {
         let inner = self.read();
-        !inner.to_remove.is_empty() || inner.compacted_physically != inner.compacted
+        !inner.to_remove.is_empty()
+            || inner.index_compaction.is_some()
+            || inner.compacted_physically != inner.compacted
     }
 
     /// Visits changes from revision `from` on, in order, committed or only executed (for watch
