@@ -87,7 +87,7 @@ impl Index {
         let keys: Vec<Bytes> = self
             .keys
             .range::<Bytes, _>((start, Bound::Unbounded))
-            .take(max + 1)
+            .take(max.saturating_add(1))
             .map(|(k, _)| k.clone())
             .collect();
         let resume = if keys.len() > max { keys.last().cloned() } else { None };
