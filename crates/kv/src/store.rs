@@ -185,8 +185,11 @@ impl<B: Backend> Store<B> {
         &self,
         entries: &[Applied<'_>],
     ) -> Result<(Vec<Outcome>, Prepared), BackendError> {
-        let view = self.backend.view()?;
         let mut guard = self.write();
+        // The view must be opened under the lock: a commit drops records from the overlay only
+        // under it, so every record is in the overlay or in this view. (Opened before the lock,
+        // a concurrent commit could land in between and a record would be in neither.)
+        let view = self.backend.view()?;
         let inner = &mut *guard;
         let before = inner.exec_applied;
         let fresh = |i: u64| i > before;

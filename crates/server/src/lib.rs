@@ -88,11 +88,30 @@ pub async fn serve(
                 .await
         }));
     }
-    shutdown.await;
+    // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
+    // the reason, so a supervisor restarts it and the WAL replays.
+    let failure = {
+        let engine = engine.clone();
+        async move {
+            loop {
+                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                if let Some(why) = engine.status().failure {
+                    return why;
+                }
+            }
+        }
+    };
+    let fatal = tokio::select! {
+        () = shutdown => None,
+        why = failure => Some(why),
+    };
     let _ = stop_tx.send(true);
     for s in servers {
         let _ = s.await;
     }
     tokio::task::block_in_place(|| engine.stop());
-    Ok(())
+    match fatal {
+        Some(why) => Err(anyhow::anyhow!("stopped after a storage failure: {why}")),
+        None => Ok(()),
+    }
 }
