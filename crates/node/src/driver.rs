@@ -148,8 +148,7 @@ impl Driver {
         });
         if let Err(e) = result {
             let why = e.to_string();
-            self.shared.status.lock().unwrap_or_else(|p| p.into_inner()).failure =
-                Some(why.clone());
+            self.shared.fail(why.clone());
             let _ = started.send(Err(e));
             self.fail_all(&why);
         }

@@ -93,10 +93,11 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Records why the engine stopped; every later request fails.
+    /// Records why the engine stopped; every later request fails. The first failure is the
+    /// cause; later ones (other threads noticing) do not replace it.
     pub(crate) fn fail(&self, why: String) {
         self.failed.store(true, Ordering::SeqCst);
-        self.status.lock().unwrap_or_else(|e| e.into_inner()).failure = Some(why);
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).failure.get_or_insert(why);
         self.executed.send_modify(|_| {});
     }
 }

@@ -222,3 +222,38 @@ async fn deeply_nested_transactions_are_applied_or_refused_never_fatal() {
     e.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A storage error stops the engine (fail-stop: writes and reads refused, the reason reported),
+/// and nothing acknowledged is lost: reopened with room, the WAL brings every write back.
+#[tokio::test]
+async fn a_storage_failure_stops_the_engine_and_loses_nothing_acknowledged() {
+    let dir = temp_dir("failstop");
+    let mut cfg = EngineConfig::new("failstop", &dir);
+    cfg.lmdb_map_bytes = 256 << 10; // LMDB fills up after a few hundred KiB
+    let e = Engine::open(cfg.clone()).unwrap();
+    let mut acked = Vec::new();
+    let value = "x".repeat(2000);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let stopped = loop {
+        assert!(std::time::Instant::now() < deadline, "the store never filled up");
+        let key = format!("k{:05}", acked.len());
+        match e.put(put_req(&key, &value)).await {
+            Ok(_) => acked.push(key),
+            Err(err) => break err,
+        }
+    };
+    assert!(matches!(stopped, EngineError::Stopped(_)), "{stopped:?}");
+    assert!(e.status().failure.is_some_and(|f| f.contains("lmdb")), "{:?}", e.status().failure);
+    assert!(matches!(e.range(get_req("k00000")).await, Err(EngineError::Stopped(_))));
+    assert_eq!(e.leader(), None);
+    e.stop();
+    drop(e);
+    cfg.lmdb_map_bytes = 64 << 20;
+    let e = Engine::open(cfg).unwrap();
+    for key in &acked {
+        assert_eq!(e.range(get_req(key)).await.unwrap().kvs.len(), 1, "acknowledged {key} lost");
+    }
+    assert!(acked.len() > 10, "only {} writes before the failure", acked.len());
+    e.stop();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
