@@ -17,6 +17,10 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
+// etcdBin is set ($COMPAT_ETCD=/path/to/etcd) to run the whole suite against real etcd instead
+// of cairn: every expectation here is a claim about etcd's behaviour, and this checks it.
+func etcdBin() string { return os.Getenv("COMPAT_ETCD") }
+
 // cairnBin is the binary under test: $CAIRN_BIN, or the workspace's release/debug build.
 func cairnBin(t *testing.T) string {
 	if b := os.Getenv("CAIRN_BIN"); b != "" {
@@ -43,19 +47,22 @@ func freePort(t *testing.T) int {
 
 // server is one cairn process on a loopback port with its own data directory.
 type server struct {
-	t       *testing.T
-	cmd     *exec.Cmd
-	dataDir string
-	port    int
-	url     string
+	t        *testing.T
+	cmd      *exec.Cmd
+	dataDir  string
+	port     int
+	peerPort int // etcd only: its peer listener, unused with one member
+	url      string
 }
 
-func startCairn(t *testing.T, dataDir string, extra ...string) *server {
+// startServer starts cairn (or etcd, see etcdBin) with its data in dataDir ("" for a fresh one).
+// extra are flags both accept under the same name, such as --max-txn-ops.
+func startServer(t *testing.T, dataDir string, extra ...string) *server {
 	t.Helper()
 	if dataDir == "" {
 		dataDir = t.TempDir()
 	}
-	s := &server{t: t, dataDir: dataDir, port: freePort(t)}
+	s := &server{t: t, dataDir: dataDir, port: freePort(t), peerPort: freePort(t)}
 	s.url = fmt.Sprintf("http://127.0.0.1:%d", s.port)
 	s.start(extra...)
 	t.Cleanup(s.stop)
@@ -63,8 +70,17 @@ func startCairn(t *testing.T, dataDir string, extra ...string) *server {
 }
 
 func (s *server) start(extra ...string) {
-	args := append([]string{"serve", "--data-dir", s.dataDir, "--listen-client-urls", s.url}, extra...)
-	s.cmd = exec.Command(cairnBin(s.t), args...)
+	if e := etcdBin(); e != "" {
+		peer := fmt.Sprintf("http://127.0.0.1:%d", s.peerPort)
+		args := append([]string{"--name", "default", "--data-dir", s.dataDir,
+			"--listen-client-urls", s.url, "--advertise-client-urls", s.url,
+			"--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+			"--initial-cluster", "default=" + peer, "--log-level", "error"}, extra...)
+		s.cmd = exec.Command(e, args...)
+	} else {
+		args := append([]string{"serve", "--data-dir", s.dataDir, "--listen-client-urls", s.url}, extra...)
+		s.cmd = exec.Command(cairnBin(s.t), args...)
+	}
 	s.cmd.Stderr = os.Stderr
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
@@ -80,7 +96,7 @@ func (s *server) start(extra ...string) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s.t.Fatalf("cairn did not become healthy on %s", s.url)
+	s.t.Fatalf("the server did not become healthy on %s", s.url)
 }
 
 // kill stops the process at once (SIGKILL): nothing gets flushed on the way out.
