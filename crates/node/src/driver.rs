@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::mpsc::{Receiver, RecvTimeoutError, Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -47,8 +47,10 @@ enum CommitJob {
     Flush(std::sync::mpsc::Sender<()>),
 }
 
-/// Executed batches the committer may fall behind by before the driver waits (backpressure).
-const COMMIT_QUEUE: usize = 64;
+/// Executed batches the committer may fall behind by before the driver waits (backpressure). It
+/// holds more than one [`COMMIT_INTERVAL`] of batches at a few thousand batches per second, so
+/// the driver rarely has to wake the committer early.
+const COMMIT_QUEUE: usize = 256;
 
 /// Requests a driver turn takes at most before handling the core's output.
 const BATCH_MAX: usize = 4096;
@@ -154,6 +156,7 @@ impl Driver {
         }
         // The committer drains what was executed, then exits.
         self.committer = None;
+        self.wake_committer();
         if let Some(t) = self.committer_thread.take() {
             let _ = t.join();
         }
@@ -329,10 +332,30 @@ impl Driver {
         Ok(())
     }
 
+    /// Queues work for the committer. Batches do not wake it (it gathers for a whole interval,
+    /// and a wakeup per batch costs a context switch per write batch); a flush or a full queue
+    /// does.
     fn commit(&self, job: CommitJob) -> Result<(), EngineError> {
-        let committer =
-            self.committer.as_ref().ok_or_else(|| storage_failure("committer stopped"))?;
-        committer.send(job).map_err(|_| storage_failure("the committer stopped"))
+        let stopped = || storage_failure("the committer stopped");
+        let committer = self.committer.as_ref().ok_or_else(stopped)?;
+        let urgent = matches!(job, CommitJob::Flush(_));
+        match committer.try_send(job) {
+            Ok(()) if !urgent => return Ok(()),
+            Ok(()) => {}
+            Err(TrySendError::Full(job)) => {
+                self.wake_committer();
+                committer.send(job).map_err(|_| stopped())?;
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(stopped()),
+        }
+        self.wake_committer();
+        Ok(())
+    }
+
+    fn wake_committer(&self) {
+        if let Some(t) = &self.committer_thread {
+            t.thread().unpark();
+        }
     }
 
     /// Waits until every executed batch is committed to the store.
@@ -402,8 +425,10 @@ impl Driver {
 const COMMIT_INTERVAL: std::time::Duration = std::time::Duration::from_millis(25);
 
 /// The committer thread: commits executed batches to the store, merging what arrives within
-/// [`COMMIT_INTERVAL`] into one backend transaction. A flush commits at once. A failure stops the
-/// engine: the executed channel closes (waiting reads fail) and the driver's next send fails.
+/// [`COMMIT_INTERVAL`] into one backend transaction. It sleeps through the interval and drains
+/// the queue when it ends; the driver wakes it early only for a flush, a full queue or shutdown.
+/// A failure stops the engine: the executed channel closes (waiting reads fail) and the driver's
+/// next send fails.
 fn commit_loop(shared: &Shared, jobs: &Receiver<CommitJob>) {
     let mut last_commit = Instant::now();
     while let Ok(first) = jobs.recv() {
@@ -411,19 +436,24 @@ fn commit_loop(shared: &Shared, jobs: &Receiver<CommitJob>) {
         let mut flushes = Vec::new();
         let deadline = last_commit + COMMIT_INTERVAL;
         let mut next = Some(first);
-        while let Some(job) = next.take() {
-            match job {
-                CommitJob::Batch(p) => batches.push(p),
-                CommitJob::Flush(tx) => flushes.push(tx),
+        loop {
+            while let Some(job) = next.take() {
+                match job {
+                    CommitJob::Batch(p) => batches.push(p),
+                    CommitJob::Flush(tx) => flushes.push(tx),
+                }
+                if batches.len() < BATCH_MAX {
+                    next = jobs.try_recv().ok();
+                }
             }
-            if batches.len() >= BATCH_MAX {
+            let now = Instant::now();
+            if !flushes.is_empty() || batches.len() >= BATCH_MAX || now >= deadline {
                 break;
             }
-            next = if flushes.is_empty() {
-                jobs.recv_timeout(deadline.saturating_duration_since(Instant::now())).ok()
-            } else {
-                jobs.try_recv().ok()
-            };
+            // Woken early by the driver (see `Driver::commit`), or spuriously: either way the
+            // queue is drained again and the deadline checked.
+            std::thread::park_timeout(deadline - now);
+            next = jobs.try_recv().ok();
         }
         if let Err(e) = shared.store.commit(batches) {
             shared.fail(format!("storage failure: {e}"));

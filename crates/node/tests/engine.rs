@@ -121,12 +121,46 @@ fn crash_child_writer() {
         cfg.wal_segment_bytes = 32 << 10;
         let e = Engine::open(cfg).unwrap();
         let start: u64 = std::env::var("CAIRN_CRASH_START").unwrap().parse().unwrap();
-        for i in start.. {
+        let count: u64 =
+            std::env::var("CAIRN_CRASH_COUNT").map_or(u64::MAX, |c| c.parse().unwrap());
+        for i in start..start.saturating_add(count) {
             let key = format!("key{i:08}");
             e.put(put_req(&key, &format!("value{i}"))).await.unwrap();
             println!("ACK {key}");
         }
+        println!("IDLE");
+        std::thread::sleep(Duration::from_secs(600));
     });
+}
+
+/// The store commits executed writes on its own within its commit interval, with no flush and
+/// no further writes to wake it: after an idle pause and a SIGKILL, the LMDB store alone (no WAL
+/// replay) holds every write.
+#[test]
+fn the_store_commits_in_the_background_without_being_asked() {
+    let dir = temp_dir("bgcommit");
+    let exe = std::env::current_exe().unwrap();
+    let mut child = Proc::new(&exe)
+        .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+        .env("CAIRN_CRASH_DIR", &dir)
+        .env("CAIRN_CRASH_START", "0")
+        .env("CAIRN_CRASH_COUNT", "50")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let idle = lines.map_while(Result::ok).any(|l| l == "IDLE");
+    // Many commit intervals, so the check does not depend on scheduling luck.
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(idle, "the writer did not finish its writes");
+    let backend =
+        cairn_storage::lmdb::LmdbBackend::open(&dir.join("member").join("db"), 1 << 30).unwrap();
+    let store = cairn_kv::Store::open(backend).unwrap();
+    assert_eq!(store.key_count(), 50, "the store must hold every write without a replay");
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[tokio::test]
