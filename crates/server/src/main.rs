@@ -125,6 +125,19 @@ fn main() -> Result<()> {
         None => cli.serve,
     };
     let cfg = serve_config(args)?;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    rt.block_on(cairn::serve(cfg, shutdown_signal()))
+    server_runtime()?.block_on(cairn::serve(cfg, shutdown_signal()))
+}
+
+/// The server's runtime. Each gRPC stream runs as its own task, and a finishing stream wakes its
+/// connection's task; tokio's LIFO slot runs that task next, so the connection writes one
+/// response per syscall. Without the slot the connection task runs after the other ready
+/// streams and writes their responses together: fewer syscalls on both ends of the socket
+/// (R-s +4%, W2 +5% in alternating runs, 2026-11-22). The option needs `--cfg tokio_unstable`,
+/// which `.cargo/config.toml` sets; without it the runtime is tokio's default.
+fn server_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    #[cfg(tokio_unstable)]
+    builder.disable_lifo_slot();
+    builder.build()
 }
