@@ -281,8 +281,12 @@ func TestLimitsAndErrorStrings(t *testing.T) {
 	wantErr(t, err, rpctypes.ErrGRPCEmptyKey, codes.InvalidArgument)
 	_, err = c.Put(x, "big", strings.Repeat("x", 1600*1024))
 	wantErr(t, err, rpctypes.ErrGRPCRequestTooLarge, codes.InvalidArgument)
-	if _, err := c.Put(x, "ok", strings.Repeat("x", 1400*1024)); err != nil {
+	big := strings.Repeat("x", 1400*1024)
+	if _, err := c.Put(x, "ok", big); err != nil {
 		t.Fatalf("a value under the limit is accepted: %v", err)
+	}
+	if got := must(c.Get(x, "ok")); len(got.Kvs) != 1 || string(got.Kvs[0].Value) != big {
+		t.Fatal("a large value reads back whole")
 	}
 }
 

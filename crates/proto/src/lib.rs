@@ -5,6 +5,8 @@
 
 #![allow(missing_debug_implementations, clippy::all, clippy::pedantic)]
 
+pub mod codec;
+
 pub mod mvccpb {
     tonic::include_proto!("mvccpb");
 }
