@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -137,21 +138,47 @@ def bench(endpoint, args, quick):
     return json.loads(out.stdout)["results"]
 
 
-def etcd_benchmark(endpoint, quick):
-    """etcd's own tool on the W2 row, to cross-check `cairn bench`."""
+# The rows the single-node issue measures with etcd's own `benchmark` tool (W2 doubles as the
+# cross-check of `cairn bench`, which runs the same row in MATRIX).
+TOOL_ROWS = [
+    ("W1 put 1 client", ["--conns=1", "--clients=1", "--total=10000", "put", "--sequential-keys", "--key-size=8", "--val-size=256"]),
+    ("W2 put 100 clients", ["--conns=10", "--clients=100", "--total=50000", "put", "--key-size=8", "--val-size=256"]),
+    ("R-l range 100 clients", ["--conns=10", "--clients=100", "--total=100000", "range", "foo", "--consistency=l"]),
+    ("R-s range 100 clients", ["--conns=10", "--clients=100", "--total=100000", "range", "foo", "--consistency=s"]),
+]
+
+
+def cpu_seconds(pid):
+    """User plus system CPU a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def etcd_benchmark(endpoint, server_pid, quick):
+    """etcd's own tool on TOOL_ROWS, with the CPU each side spends per request: on a small
+    machine the tool shares the cores, so its cost per request bounds any server's ratio."""
     tool = os.path.join(ETCD_BUILT, "benchmark")
     if not os.path.exists(tool):
         return None
-    total = "500" if quick else "10000"
-    out = subprocess.run([tool, f"--endpoints={endpoint}", "--conns=10", "--clients=100", "put", "--key-size=8",
-                          f"--total={total}", "--val-size=256"], capture_output=True, text=True, timeout=600)
-    res = {}
-    for line in out.stdout.splitlines():
-        if "Requests/sec" in line:
-            res["throughput_ops"] = float(line.split()[-1])
-        if "99% in" in line:
-            res["p99_us"] = float(line.split()[2]) * 1e6
-    return res or None
+    rows = {}
+    for row, args in TOOL_ROWS:
+        if quick:
+            args = [f"--total={max(200, int(x.split('=')[1]) // 50)}" if x.startswith("--total=") else x for x in args]
+        total = int(next(x for x in args if x.startswith("--total=")).split("=")[1])
+        before, children = cpu_seconds(server_pid), resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = subprocess.run([tool, f"--endpoints={endpoint}", "--precise"] + args,
+                             capture_output=True, text=True, timeout=600).stdout
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        client = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+        res = {"server_cpu_us": (cpu_seconds(server_pid) - before) * 1e6 / total, "client_cpu_us": client * 1e6 / total}
+        for line in out.splitlines():
+            if "Requests/sec" in line:
+                res["throughput_ops"] = float(line.split()[-1])
+            if "99% in" in line:
+                res["p99_us"] = float(line.split()[2]) * 1e6
+        rows[row] = res
+    return rows
 
 
 def median(xs):
@@ -172,7 +199,7 @@ def main():
     fs_before = fdatasync_latency()
     results = {}  # (row, system) -> list of result dicts
     resources = {"etcd": [], "cairn": []}
-    crosscheck = {}
+    crosscheck = {}  # (row, system) -> list of etcd-benchmark-tool results
     try:
         for r in range(rounds):
             order = ["etcd", "cairn"] if r % 2 == 0 else ["cairn", "etcd"]
@@ -186,9 +213,11 @@ def main():
                         results.setdefault((row, system), []).append(res)
                         print(f"round {r + 1} {system:5} {row:24} {res.get('throughput_ops', 0):10.0f} ops/s"
                               f" errors {res.get('errors', '-')}", file=sys.stderr)
-                    if r == 0:
-                        crosscheck[system] = {"etcd benchmark": etcd_benchmark(srv.endpoint, a.quick),
-                                              "cairn bench": bench(srv.endpoint, MATRIX[1][1], a.quick)}
+                    tool_rows = etcd_benchmark(srv.endpoint, srv.proc.pid, a.quick)
+                    for row, res in (tool_rows or {}).items():
+                        crosscheck.setdefault((row, system), []).append(res)
+                        print(f"round {r + 1} {system:5} {row:24} {res.get('throughput_ops', 0):10.0f} ops/s"
+                              f" (etcd's benchmark tool)", file=sys.stderr)
                     resources[system].append({"start_ms": srv.start_ms, "idle_rss_kib": srv.idle_rss,
                                               "loaded_rss_kib": rss_kib(srv.proc.pid)})
                 finally:
@@ -231,12 +260,7 @@ def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, e
         else:
             why = "not implemented in cairn yet" if e else "failed"
             lines.append(f"| {row} | {e['ops']:.0f} | n/a | n/a | {e['p99']:.0f} | {why} |" if e else f"| {row} | n/a | n/a | n/a | n/a | {why} |")
-    lines += ["", "Cross-check on W2 (put, 100 clients), first round:", "",
-              "| server | etcd `benchmark` ops/s | `cairn bench` ops/s |", "| --- | ---: | ---: |"]
-    for system, cc in crosscheck.items():
-        eb = cc["etcd benchmark"]
-        cb = cc["cairn bench"]
-        lines.append(f"| {system} | {eb['throughput_ops']:.0f} | {cb.get('throughput_ops', 0):.0f} |" if eb else f"| {system} | (tool not built) | {cb.get('throughput_ops', 0):.0f} |")
+    lines += tool_section(crosscheck, rounds)
     lines += ["", "Resources (medians):", "", "| | start to healthy ms | idle RSS MiB | RSS after the matrix MiB | binary MB |",
               "| --- | ---: | ---: | ---: | ---: |"]
     for system, binary in [("etcd", etcd), ("cairn", CAIRN)]:
@@ -250,6 +274,32 @@ def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, e
     chart(ratios, png_path, day)
     print("\n".join(lines))
     print(f"\nwrote {md_path} and {png_path}", file=sys.stderr)
+
+
+def tool_section(crosscheck, rounds):
+    """The issue's rows measured with etcd's `benchmark` tool, with CPU per request on each side."""
+    if not crosscheck:
+        return ["", "etcd's `benchmark` tool is not built (../shared/peers/build-etcd.sh): its rows were skipped."]
+    lines = ["", f"The same rows with etcd's own `benchmark` tool (medians of {rounds}). CPU is per request, "
+             "in µs: the server's from /proc, the tool's from its rusage. The tool shares the machine's cores, "
+             "so the ratio any server can reach on a CPU-bound row is at most (etcd server + tool) / tool.", "",
+             "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs "
+             "| server CPU etcd → cairn | tool CPU vs etcd → vs cairn |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for row, _ in TOOL_ROWS:
+        m = {}
+        for system in ("etcd", "cairn"):
+            runs = [x for x in crosscheck.get((row, system), []) if "throughput_ops" in x]
+            if runs:
+                m[system] = {k: median([x[k] for x in runs]) for k in runs[0]}
+        if len(m) < 2:
+            lines.append(f"| {row} | n/a | n/a | n/a | n/a | n/a | n/a | n/a |")
+            continue
+        e, c = m["etcd"], m["cairn"]
+        lines.append(f"| {row} | {e['throughput_ops']:.0f} | {c['throughput_ops']:.0f} | "
+                     f"{c['throughput_ops'] / e['throughput_ops']:.2f} | {e.get('p99_us', 0):.0f} | {c.get('p99_us', 0):.0f} | "
+                     f"{e['server_cpu_us']:.1f} → {c['server_cpu_us']:.1f} | {e['client_cpu_us']:.1f} → {c['client_cpu_us']:.1f} |")
+    return lines
 
 
 def chart(ratios, path, day):
