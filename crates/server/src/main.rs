@@ -59,6 +59,10 @@ struct ServeArgs {
     /// Address space reserved for the database file, in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     quota_backend_bytes: usize,
+    /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
+    /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
+    #[arg(long, default_value_t = 0)]
+    client_threads: usize,
 }
 
 fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
@@ -124,8 +128,9 @@ fn main() -> Result<()> {
         Some(Cmd::Bench(b)) => return bench(b),
         None => cli.serve,
     };
+    let threads = args.client_threads;
     let cfg = serve_config(args)?;
-    server_runtime()?.block_on(cairn::serve(cfg, shutdown_signal()))
+    server_runtime(threads)?.block_on(cairn::serve(cfg, shutdown_signal()))
 }
 
 /// The server's runtime. Each gRPC stream runs as its own task, and a finishing stream wakes its
@@ -134,9 +139,20 @@ fn main() -> Result<()> {
 /// streams and writes their responses together: fewer syscalls on both ends of the socket
 /// (R-s +4%, W2 +5% in alternating runs, 2026-11-22). The option needs `--cfg tokio_unstable`,
 /// which `.cargo/config.toml` sets; without it the runtime is tokio's default.
-fn server_runtime() -> std::io::Result<tokio::runtime::Runtime> {
+///
+/// By default it runs on half the cores. The Raft driver and the store's committer are threads
+/// of their own, and a server usually shares its host (with the API server it backs, or with a
+/// load generator). On 2 cores, 1 worker instead of 2 cut the server's CPU per request by a
+/// fifth (range 9.5 -> 7.3 us, put 18 -> 16 us, 100 clients) at equal throughput, and raised
+/// one-client put throughput by about 8%: less cross-thread waking and stealing.
+fn server_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
+    let threads = if threads > 0 {
+        threads
+    } else {
+        std::thread::available_parallelism().map_or(1, |n| (n.get() / 2).max(1))
+    };
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all();
+    builder.worker_threads(threads).enable_all();
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder.build()
