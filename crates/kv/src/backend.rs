@@ -100,8 +100,8 @@ impl Default for Meta {
         Meta {
             applied_index: 0,
             current: Revision::INITIAL,
-            compacted: Revision(0),
-            compacted_physically: Revision(0),
+            compacted: Revision::NEVER_COMPACTED,
+            compacted_physically: Revision::NEVER_COMPACTED,
         }
     }
 }

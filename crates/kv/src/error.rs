@@ -15,6 +15,12 @@ pub enum KvError {
     KeyNotFound,
     /// The request names no key (InvalidArgument).
     EmptyKey,
+    /// A put sets `ignore_value` and also carries a value (InvalidArgument).
+    ValueProvided,
+    /// A put sets `ignore_lease` and also names a lease (InvalidArgument).
+    LeaseProvided,
+    /// A range names a sort order or target the API does not define (InvalidArgument; etcd 3.6).
+    InvalidSortOption,
     /// A transaction writes one key twice (InvalidArgument).
     DuplicateKey,
     /// A transaction has more operations than allowed (InvalidArgument).
@@ -37,6 +43,9 @@ impl KvError {
             KvError::FutureRev => "etcdserver: mvcc: required revision is a future revision",
             KvError::KeyNotFound => "etcdserver: key not found",
             KvError::EmptyKey => "etcdserver: key is not provided",
+            KvError::ValueProvided => "etcdserver: value is provided",
+            KvError::LeaseProvided => "etcdserver: lease is provided",
+            KvError::InvalidSortOption => "etcdserver: invalid sort option",
             KvError::DuplicateKey => "etcdserver: duplicate key given in txn request",
             KvError::TooManyOps => "etcdserver: too many operations in txn request",
             KvError::LeaseNotFound => "etcdserver: requested lease not found",

@@ -21,7 +21,11 @@ pub struct Model {
 
 impl Default for Model {
     fn default() -> Model {
-        Model { current: Revision::INITIAL, compacted: Revision(0), history: BTreeMap::new() }
+        Model {
+            current: Revision::INITIAL,
+            compacted: Revision::NEVER_COMPACTED,
+            history: BTreeMap::new(),
+        }
     }
 }
 

@@ -11,6 +11,9 @@ pub struct Revision(pub i64);
 
 impl Revision {
     pub const INITIAL: Revision = Revision(1);
+    /// The compaction point of a store never compacted. etcd starts it below zero too, so a first
+    /// compaction at revision 0 succeeds (and a second fails as compacted).
+    pub const NEVER_COMPACTED: Revision = Revision(-1);
 
     pub fn next(self) -> Revision {
         Revision(self.0 + 1)

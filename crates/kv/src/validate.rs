@@ -5,7 +5,7 @@ use std::collections::BTreeSet;
 use bytes::Bytes;
 
 use crate::range::KeyRange;
-use crate::types::{RequestOp, TxnRequest};
+use crate::types::{PutRequest, RequestOp, TxnRequest};
 use crate::KvError;
 
 /// etcd's default `--max-txn-ops`.
@@ -14,9 +14,25 @@ pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 /// The deepest nesting of transactions accepted (gRPC's protobuf decoding stops at 100 anyway).
 pub const MAX_TXN_DEPTH: usize = 64;
 
-/// Rejects what etcd rejects before proposing a transaction: a list (compares, success or
-/// failure, at any depth) longer than `max_ops`, an empty key, or a branch that writes a key
-/// twice (`checkIntervals` in etcd's `v3rpc/key.go`).
+/// Rejects what etcd rejects before proposing a put (`checkPutRequest`): no key, a value
+/// together with `ignore_value`, or a lease together with `ignore_lease`.
+pub fn check_put(put: &PutRequest) -> Result<(), KvError> {
+    if put.key.is_empty() {
+        return Err(KvError::EmptyKey);
+    }
+    if put.ignore_value && !put.value.is_empty() {
+        return Err(KvError::ValueProvided);
+    }
+    if put.ignore_lease && put.lease.0 != 0 {
+        return Err(KvError::LeaseProvided);
+    }
+    Ok(())
+}
+
+/// Rejects what etcd rejects before proposing a transaction (`checkTxnRequest`): more than
+/// `max_ops` compares, success or failure ops (a nested transaction gets what its parent leaves
+/// of that budget), a compare or op without a key, an invalid put, or a branch that writes a key
+/// twice (`checkIntervals`).
 pub fn check_txn(txn: &TxnRequest, max_ops: usize) -> Result<(), KvError> {
     check_sizes_and_keys(txn, max_ops, 1)?;
     check_intervals(&txn.success)?;
@@ -28,15 +44,19 @@ fn check_sizes_and_keys(txn: &TxnRequest, max_ops: usize, depth: usize) -> Resul
     if depth > MAX_TXN_DEPTH {
         return Err(KvError::TxnTooDeep);
     }
-    if txn.compare.len() > max_ops || txn.success.len() > max_ops || txn.failure.len() > max_ops {
+    let ops = txn.compare.len().max(txn.success.len()).max(txn.failure.len());
+    if ops > max_ops {
         return Err(KvError::TooManyOps);
+    }
+    if txn.compare.iter().any(|c| c.key.is_empty()) {
+        return Err(KvError::EmptyKey);
     }
     for op in txn.success.iter().chain(&txn.failure) {
         match op {
             RequestOp::Range(r) if r.key.is_empty() => return Err(KvError::EmptyKey),
-            RequestOp::Put(p) if p.key.is_empty() => return Err(KvError::EmptyKey),
+            RequestOp::Put(p) => check_put(p)?,
             RequestOp::DeleteRange(d) if d.key.is_empty() => return Err(KvError::EmptyKey),
-            RequestOp::Txn(nested) => check_sizes_and_keys(nested, max_ops, depth + 1)?,
+            RequestOp::Txn(nested) => check_sizes_and_keys(nested, max_ops - ops, depth + 1)?,
             _ => {}
         }
     }

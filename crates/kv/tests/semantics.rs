@@ -2,7 +2,7 @@
 
 use bytes::Bytes;
 use cairn_kv::backend::MemBackend;
-use cairn_kv::validate::{check_txn, DEFAULT_MAX_TXN_OPS};
+use cairn_kv::validate::{check_put, check_txn, DEFAULT_MAX_TXN_OPS};
 use cairn_kv::*;
 
 fn b(s: &str) -> Bytes {
@@ -78,6 +78,76 @@ fn limits_and_empty_keys() {
         KvError::FutureRev.to_string(),
         "etcdserver: mvcc: required revision is a future revision"
     );
+}
+
+#[test]
+fn puts_that_contradict_themselves_are_refused_as_etcd_does() {
+    let with = |f: fn(&mut PutRequest)| {
+        let mut p = PutRequest { key: b("k"), ..PutRequest::default() };
+        f(&mut p);
+        p
+    };
+    assert_eq!(check_put(&with(|_| {})), Ok(()));
+    assert_eq!(check_put(&with(|p| p.key = Bytes::new())), Err(KvError::EmptyKey));
+    let value_and_ignore = with(|p| {
+        p.value = b("v");
+        p.ignore_value = true;
+    });
+    assert_eq!(check_put(&value_and_ignore), Err(KvError::ValueProvided));
+    let lease_and_ignore = with(|p| {
+        p.lease = LeaseId(5);
+        p.ignore_lease = true;
+    });
+    assert_eq!(check_put(&lease_and_ignore), Err(KvError::LeaseProvided));
+    assert_eq!(check_put(&with(|p| p.ignore_value = true)), Ok(()), "the key is checked later");
+    // The same checks apply to a put inside a transaction, at any depth.
+    let nested =
+        txn(vec![RequestOp::Txn(txn(vec![RequestOp::Put(value_and_ignore)], vec![]))], vec![]);
+    assert_eq!(check_txn(&nested, 128), Err(KvError::ValueProvided));
+    assert_eq!(KvError::ValueProvided.to_string(), "etcdserver: value is provided");
+    assert_eq!(KvError::LeaseProvided.to_string(), "etcdserver: lease is provided");
+}
+
+/// etcd's `checkTxnRequest`: the budget is the longest of compares, success and failure, and a
+/// nested transaction gets what its parent leaves; compares need keys too.
+#[test]
+fn nested_transactions_share_the_op_budget() {
+    let ops = |n: usize, p: &str| (0..n).map(|i| put(&format!("{p}{i}"), "v")).collect();
+    let outer = |n: usize, inner: usize| {
+        let mut list: Vec<RequestOp> = ops(n - 1, "o");
+        list.push(RequestOp::Txn(txn(ops(inner, "n"), vec![])));
+        txn(list, vec![])
+    };
+    assert_eq!(check_txn(&outer(100, 28), 128), Ok(()));
+    assert_eq!(check_txn(&outer(100, 29), 128), Err(KvError::TooManyOps));
+    assert_eq!(check_txn(&outer(1, 127), 128), Ok(()));
+    assert_eq!(check_txn(&outer(1, 128), 128), Err(KvError::TooManyOps));
+    let cmp = |key: &str| Compare {
+        key: b(key),
+        range_end: Bytes::new(),
+        target: CompareTarget::Version(1),
+        result: CompareResult::Equal,
+    };
+    let mut t = txn(vec![RequestOp::Txn(txn(ops(29, "n"), vec![]))], vec![]);
+    t.compare = (0..100).map(|_| cmp("k")).collect();
+    assert_eq!(check_txn(&t, 128), Err(KvError::TooManyOps), "compares count against the budget");
+    let mut inner = txn(vec![], vec![]);
+    inner.compare = vec![cmp("")];
+    assert_eq!(check_txn(&txn(vec![RequestOp::Txn(inner)], vec![]), 128), Err(KvError::EmptyKey));
+}
+
+#[test]
+fn a_store_never_compacted_accepts_compaction_at_zero_once() {
+    let store = Store::open(MemBackend::default()).unwrap();
+    let compact = |i: u64, r: i64| {
+        let cmd = Command::Compact(CompactRequest { revision: Revision(r), physical: false });
+        store.apply(&[(i, Some(&cmd))]).unwrap().pop().flatten().unwrap()
+    };
+    assert_eq!(compact(1, -1).unwrap_err(), KvError::Compacted);
+    assert!(compact(2, 0).is_ok(), "etcd's compaction point starts below zero");
+    assert_eq!(compact(3, 0).unwrap_err(), KvError::Compacted);
+    assert!(compact(4, 1).is_ok());
+    assert_eq!(compact(5, 2).unwrap_err(), KvError::FutureRev);
 }
 
 #[test]

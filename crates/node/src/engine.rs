@@ -8,7 +8,7 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use cairn_kv::validate::{check_txn, DEFAULT_MAX_TXN_OPS};
+use cairn_kv::validate::{check_put, check_txn, DEFAULT_MAX_TXN_OPS};
 use cairn_kv::{
     Command, CommandResponse, CompactRequest, CompactResponse, DeleteRangeRequest,
     DeleteRangeResponse, KvError, PutRequest, PutResponse, RangeRequest, RangeResponse, Revision,
@@ -68,6 +68,8 @@ pub struct Status {
     pub raft_index: u64,
     pub raft_applied_index: u64,
     pub revision: Revision,
+    /// Reads below this fail as compacted; [`Revision::NEVER_COMPACTED`] (-1) until the first
+    /// compaction, as in etcd.
     pub compact_revision: Revision,
     pub db_size_bytes: u64,
     pub key_count: u64,
@@ -268,9 +270,7 @@ impl Engine {
     }
 
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, EngineError> {
-        if req.key.is_empty() {
-            return Err(KvError::EmptyKey.into());
-        }
+        check_put(&req)?;
         match self.propose(Command::Put(req)).await? {
             CommandResponse::Put(r) => Ok(r),
             other => Err(EngineError::Stopped(format!("unexpected response {other:?}"))),

@@ -10,20 +10,27 @@ fn bytes(v: Vec<u8>) -> Bytes {
     Bytes::from(v)
 }
 
-pub fn range_req(r: pb::RangeRequest) -> kv::RangeRequest {
-    let sort_order = match pb::range_request::SortOrder::try_from(r.sort_order) {
-        Ok(pb::range_request::SortOrder::Ascend) => kv::SortOrder::Ascend,
-        Ok(pb::range_request::SortOrder::Descend) => kv::SortOrder::Descend,
-        _ => kv::SortOrder::None,
+/// A range request. Sort values the API does not define are refused as etcd 3.6 does (3.5 crashes
+/// on an unknown sort target); a missing key is reported first, as etcd's checks run.
+pub fn range_req(r: pb::RangeRequest) -> Result<kv::RangeRequest, kv::KvError> {
+    use pb::range_request::{SortOrder as O, SortTarget as T};
+    if r.key.is_empty() {
+        return Err(kv::KvError::EmptyKey);
+    }
+    let sort_order = match O::try_from(r.sort_order).map_err(|_| kv::KvError::InvalidSortOption)? {
+        O::None => kv::SortOrder::None,
+        O::Ascend => kv::SortOrder::Ascend,
+        O::Descend => kv::SortOrder::Descend,
     };
-    let sort_target = match pb::range_request::SortTarget::try_from(r.sort_target) {
-        Ok(pb::range_request::SortTarget::Version) => kv::SortTarget::Version,
-        Ok(pb::range_request::SortTarget::Create) => kv::SortTarget::Create,
-        Ok(pb::range_request::SortTarget::Mod) => kv::SortTarget::Mod,
-        Ok(pb::range_request::SortTarget::Value) => kv::SortTarget::Value,
-        _ => kv::SortTarget::Key,
-    };
-    kv::RangeRequest {
+    let sort_target =
+        match T::try_from(r.sort_target).map_err(|_| kv::KvError::InvalidSortOption)? {
+            T::Key => kv::SortTarget::Key,
+            T::Version => kv::SortTarget::Version,
+            T::Create => kv::SortTarget::Create,
+            T::Mod => kv::SortTarget::Mod,
+            T::Value => kv::SortTarget::Value,
+        };
+    Ok(kv::RangeRequest {
         key: bytes(r.key),
         range_end: bytes(r.range_end),
         limit: r.limit,
@@ -37,7 +44,7 @@ pub fn range_req(r: pb::RangeRequest) -> kv::RangeRequest {
         max_mod_revision: kv::Revision(r.max_mod_revision),
         min_create_revision: kv::Revision(r.min_create_revision),
         max_create_revision: kv::Revision(r.max_create_revision),
-    }
+    })
 }
 
 pub fn put_req(r: pb::PutRequest) -> kv::PutRequest {
@@ -55,30 +62,56 @@ pub fn delete_req(r: pb::DeleteRangeRequest) -> kv::DeleteRangeRequest {
     kv::DeleteRangeRequest { key: bytes(r.key), range_end: bytes(r.range_end), prev_kv: r.prev_kv }
 }
 
+/// A transaction compare, read as etcd's `compareKV` reads it: the operand comes from the union
+/// member that matches the target (any other member counts as zero or an empty value), an
+/// undefined target compares as equal, and an undefined result holds for every key that exists
+/// and, unless the target is the value, for a missing key too. Those last cases have no variant in
+/// cairn's own types; each is written as the version compare that holds exactly when etcd's does.
 fn compare(c: pb::Compare) -> kv::Compare {
     use pb::compare::{CompareResult as R, CompareTarget as T, TargetUnion as U};
+    // A version is never below 0, and is above 0 exactly when the key exists.
+    let version = |v: i64, result| (kv::CompareTarget::Version(v), result);
+    let always = |holds: bool| {
+        version(-1, if holds { kv::CompareResult::Greater } else { kv::CompareResult::Less })
+    };
+    let exists = || version(0, kv::CompareResult::Greater);
     let result = match R::try_from(c.result) {
-        Ok(R::Greater) => kv::CompareResult::Greater,
-        Ok(R::Less) => kv::CompareResult::Less,
-        Ok(R::NotEqual) => kv::CompareResult::NotEqual,
-        _ => kv::CompareResult::Equal,
+        Ok(R::Equal) => Some(kv::CompareResult::Equal),
+        Ok(R::Greater) => Some(kv::CompareResult::Greater),
+        Ok(R::Less) => Some(kv::CompareResult::Less),
+        Ok(R::NotEqual) => Some(kv::CompareResult::NotEqual),
+        Err(_) => None,
     };
-    let num = |u: &Option<U>| match u {
-        Some(U::Version(v))
-        | Some(U::CreateRevision(v))
-        | Some(U::ModRevision(v))
-        | Some(U::Lease(v)) => *v,
-        _ => 0,
-    };
+    let u = c.target_union;
     let target = match T::try_from(c.target) {
-        Ok(T::Create) => kv::CompareTarget::Create(kv::Revision(num(&c.target_union))),
-        Ok(T::Mod) => kv::CompareTarget::Mod(kv::Revision(num(&c.target_union))),
-        Ok(T::Value) => kv::CompareTarget::Value(match c.target_union {
+        Ok(T::Version) => Some(kv::CompareTarget::Version(match u {
+            Some(U::Version(v)) => v,
+            _ => 0,
+        })),
+        Ok(T::Create) => Some(kv::CompareTarget::Create(kv::Revision(match u {
+            Some(U::CreateRevision(v)) => v,
+            _ => 0,
+        }))),
+        Ok(T::Mod) => Some(kv::CompareTarget::Mod(kv::Revision(match u {
+            Some(U::ModRevision(v)) => v,
+            _ => 0,
+        }))),
+        Ok(T::Value) => Some(kv::CompareTarget::Value(match u {
             Some(U::Value(v)) => bytes(v),
             _ => Bytes::new(),
-        }),
-        Ok(T::Lease) => kv::CompareTarget::Lease(kv::LeaseId(num(&c.target_union))),
-        _ => kv::CompareTarget::Version(num(&c.target_union)),
+        })),
+        Ok(T::Lease) => Some(kv::CompareTarget::Lease(kv::LeaseId(match u {
+            Some(U::Lease(v)) => v,
+            _ => 0,
+        }))),
+        Err(_) => None,
+    };
+    let (target, result) = match (target, result) {
+        (Some(t), Some(r)) => (t, r),
+        (Some(kv::CompareTarget::Value(_)), None) => exists(),
+        (Some(_), None) => always(true),
+        // An undefined target compares as equal.
+        (None, r) => always(matches!(r, None | Some(kv::CompareResult::Equal))),
     };
     kv::Compare { key: bytes(c.key), range_end: bytes(c.range_end), target, result }
 }
@@ -90,7 +123,7 @@ fn ops(list: Vec<pb::RequestOp>) -> Result<Vec<kv::RequestOp>, kv::KvError> {
     list.into_iter()
         .map(|op| {
             Ok(match op.request.ok_or(kv::KvError::KeyNotFound)? {
-                Q::RequestRange(r) => kv::RequestOp::Range(range_req(r)),
+                Q::RequestRange(r) => kv::RequestOp::Range(range_req(r)?),
                 Q::RequestPut(p) => kv::RequestOp::Put(put_req(p)),
                 Q::RequestDeleteRange(d) => kv::RequestOp::DeleteRange(delete_req(d)),
                 Q::RequestTxn(t) => kv::RequestOp::Txn(txn_req(t)?),

@@ -11,6 +11,9 @@ pub fn status(e: EngineError) -> Status {
             KvError::Compacted | KvError::FutureRev => Code::OutOfRange,
             KvError::KeyNotFound
             | KvError::EmptyKey
+            | KvError::ValueProvided
+            | KvError::LeaseProvided
+            | KvError::InvalidSortOption
             | KvError::DuplicateKey
             | KvError::TooManyOps
             | KvError::TxnTooDeep => Code::InvalidArgument,

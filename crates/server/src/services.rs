@@ -48,7 +48,8 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         self.check_leader(&req)?;
-        let r = self.engine.range(convert::range_req(req.into_inner())).await.map_err(status)?;
+        let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
+        let r = self.engine.range(req).await.map_err(status)?;
         Ok(Response::new(self.header().range(r)))
     }
 
