@@ -5,6 +5,7 @@
 
 mod convert;
 mod errors;
+mod grpc_limit;
 mod http;
 pub mod services;
 
@@ -53,20 +54,32 @@ pub async fn serve(
         client_urls: cfg.advertise_client_urls.clone(),
         peer_urls: cfg.advertise_peer_urls.clone(),
     };
-    // etcd accepts messages up to the request limit plus gRPC overhead, then checks the limit
-    // itself so the client gets "request is too large".
+    // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
+    // checks the limit itself so the client gets "request is too large".
     let max_decode = max_request + 512 * 1024;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::kv_server::KvServer<services::Ctx>>().await;
+    // Every etcd service: the receive limit, and gzip-compressed requests (grpc-go clients may
+    // compress with grpc.UseCompressor; etcd accepts them).
+    macro_rules! etcd_service {
+        ($server:expr) => {
+            $server
+                .max_decoding_message_size(max_decode)
+                .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
+        };
+    }
     let routes = tonic::service::Routes::new(health_service)
-        .add_service(
-            pb::kv_server::KvServer::new(ctx.clone()).max_decoding_message_size(max_decode),
-        )
-        .add_service(pb::maintenance_server::MaintenanceServer::new(ctx.clone()))
-        .add_service(pb::cluster_server::ClusterServer::new(ctx.clone()))
-        .add_service(pb::watch_server::WatchServer::new(ctx.clone()))
-        .add_service(pb::lease_server::LeaseServer::new(ctx.clone()));
-    let router = http::routes(engine.clone()).merge(routes.into_axum_router());
+        .add_service(etcd_service!(pb::kv_server::KvServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::maintenance_server::MaintenanceServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::cluster_server::ClusterServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::watch_server::WatchServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
+    let grpc_routes = routes.into_axum_router().layer(tower::util::MapRequestLayer::new(
+        move |req: axum::http::Request<axum::body::Body>| {
+            req.map(|body| grpc_limit::limit(body, max_decode))
+        },
+    ));
+    let router = http::routes(engine.clone()).merge(grpc_routes);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
     for addr in addrs {
