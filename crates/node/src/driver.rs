@@ -36,6 +36,12 @@ pub(crate) enum Input {
     Stop,
 }
 
+impl std::fmt::Debug for Input {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Input")
+    }
+}
+
 /// Requests a turn takes at most before the replica processes them.
 const BATCH_MAX: usize = 4096;
 

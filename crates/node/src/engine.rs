@@ -37,12 +37,6 @@ pub struct Engine {
     _lock: File,
 }
 
-impl std::fmt::Debug for Input {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Input")
-    }
-}
-
 fn io_err<'a>(
     what: &'static str,
     path: &'a Path,

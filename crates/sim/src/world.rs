@@ -220,9 +220,10 @@ impl World {
                 c.want_sync();
             }
         }
-        // Messages queued before a crash left; those of a completed turn may be lost with it.
+        // Messages queued before a storage failure left; those of a completed turn are lost if
+        // the member crashes before sending them.
         let crashed = result.is_err() || lose_outbox;
-        if !(lose_outbox && result.is_ok()) {
+        if result.is_err() || !lose_outbox {
             for msg in messages {
                 self.net.send(msg, self.now, &mut self.rng);
             }

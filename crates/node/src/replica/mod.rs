@@ -21,8 +21,8 @@ use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_kv::{CommandResponse, Prepared, Store};
 use cairn_raft::{
-    ConfChange, ConfState, Entry, LogIndex, Message, NodeId, Persisted, ProposeError, Raft,
-    ReadIndexError, Role, SnapshotMeta, SnapshotStatus, Term, TransferError,
+    ConfChange, ConfState, Entry, LogIndex, Message, NodeId, Persisted, ProposeError, Raft, Role,
+    SnapshotMeta, SnapshotStatus, Term, TransferError,
 };
 use cairn_storage::fs::Dir;
 use cairn_storage::{Recovered, Wal};
@@ -137,8 +137,6 @@ pub struct Replica<D: Dir, B: Backend, T> {
     read_ids: RequestIds,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
-    /// The log is compacted up to here.
-    compacted: LogIndex,
     /// A store sync was asked for and not yet reported.
     store_sync_pending: bool,
     /// The store is durable up to here (reported by the committer).
@@ -205,7 +203,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 Persisted { hard_state: rec.hard_state, snapshot, entries: rec.entries }
             }
         };
-        let compacted = persisted.snapshot.meta.index;
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
@@ -224,7 +221,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             physical: Vec::new(),
             read_ids: RequestIds::new(id.0, now_micros),
             synced_term_vote: (hs.term, hs.vote),
-            compacted,
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
             incoming_image: None,
@@ -254,9 +250,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let id = self.read_ids.next_id();
         match self.raft.read_index(id.to_ctx()) {
             Ok(()) => self.reads.register(id, Read { token, index: None }, self.ticks),
-            Err(ReadIndexError::NoLeader) => {
-                self.work.answers.push((token, Err(EngineError::NoLeader)));
-            }
+            // The only refusal: no leader to ask.
             Err(_) => self.work.answers.push((token, Err(EngineError::NoLeader))),
         }
     }
@@ -295,11 +289,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// The transport reports how sending a snapshot to `to` ended.
     pub fn handle_snapshot_report(&mut self, to: NodeId, status: SnapshotStatus) {
         self.raft.report_snapshot(to, status);
-    }
-
-    /// The transport could not reach `to`.
-    pub fn handle_unreachable(&mut self, to: NodeId) {
-        self.raft.report_unreachable(to);
     }
 
     /// Starts an election now.
@@ -442,11 +431,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Callers waiting: proposals, reads, physical compactions.
     pub fn waiting(&self) -> (usize, usize, usize) {
         (self.proposals.len() + self.incoming.len(), self.reads.len(), self.physical.len())
-    }
-
-    /// Ticks since the replica opened.
-    pub fn ticks(&self) -> u64 {
-        self.ticks
     }
 }
 

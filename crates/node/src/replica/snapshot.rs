@@ -124,7 +124,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
-        self.compacted = meta.index;
         self.store_durable = meta.index;
         // Proposals this member appended as leader up to the snapshot are covered by it or were
         // replaced; which, the image cannot tell. Their outcome is unknown.
@@ -147,14 +146,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// log's small marker is written here.
     pub(super) fn maybe_compact_log(&mut self) -> Result<(), StorageError> {
         let target = self.store_durable.min(self.raft.applied_index());
-        if target.0 < self.compacted.0 + self.cfg.snapshot_entries {
+        if target.0 < self.compacted_index().0 + self.cfg.snapshot_entries {
             return Ok(());
         }
         let Some(meta) = self.raft.compact_to(target, Bytes::new()) else { return Ok(()) };
         self.wal.save_compaction(&meta)?;
         self.wal.sync()?;
         self.wal.compact(meta.index)?;
-        self.compacted = meta.index;
         if self.cfg.observe {
             self.work.observed.push(Observed::Compacted(meta));
         }
@@ -165,7 +163,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// last compaction, so the log can be compacted up to there.
     pub(super) fn maybe_ask_store_sync(&mut self) {
         let applied = self.raft.applied_index();
-        if self.store_sync_pending || applied.0 < self.compacted.0 + self.cfg.snapshot_entries {
+        let compacted = self.compacted_index();
+        if self.store_sync_pending || applied.0 < compacted.0 + self.cfg.snapshot_entries {
             return;
         }
         if self.store_durable >= applied {
@@ -175,8 +174,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.work.store_sync = Some(applied);
     }
 
-    /// The index up to which the log was compacted.
+    /// The index up to which the log was compacted (or a snapshot installed): the core's own
+    /// compaction point, which the WAL records too.
     pub fn compacted_index(&self) -> LogIndex {
-        self.compacted
+        self.raft.snapshot_meta().index
     }
 }
