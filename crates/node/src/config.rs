@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use cairn_kv::validate::DEFAULT_MAX_TXN_OPS;
 
+use crate::cluster::ClusterConfig;
+
 /// How to open an [`crate::Engine`].
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -34,6 +36,12 @@ pub struct EngineConfig {
     pub snapshot_entries: u64,
     /// Size of one write-ahead log segment file. Default 64 MiB.
     pub wal_segment_bytes: u64,
+    /// The cluster this member belongs to, from etcd's cluster flags. `None` (the default)
+    /// runs a single member that needs no flags.
+    pub cluster: Option<ClusterConfig>,
+    /// A deliberate bug, for fault tests that must prove they catch it.
+    #[cfg(feature = "planted-bugs")]
+    pub planted_bug: Option<ReplicaBug>,
 }
 
 impl EngineConfig {
@@ -50,6 +58,9 @@ impl EngineConfig {
             lmdb_map_bytes: 8 << 30,
             snapshot_entries: 10_000,
             wal_segment_bytes: 64 << 20,
+            cluster: None,
+            #[cfg(feature = "planted-bugs")]
+            planted_bug: None,
         }
     }
 

@@ -16,11 +16,13 @@ use bytes::Bytes;
 use cairn_raft::Role;
 use cairn_storage::fs::OsDir;
 use cairn_storage::lmdb::LmdbBackend;
+use cairn_transport::Transport;
 use tokio::sync::oneshot;
 
 use crate::committer::{self, Job, Report};
 use crate::error::{EngineError, StopCause, StorageError};
 use crate::ids::RequestId;
+use crate::peers::PeerInput;
 use crate::replica::{Replica, Reply};
 use crate::shared::Shared;
 
@@ -33,6 +35,7 @@ pub(crate) enum Input {
     Propose { id: RequestId, data: Bytes, reply: Token },
     Read { reply: Token },
     Committer(Report),
+    Peer(PeerInput),
     Stop,
 }
 
@@ -51,6 +54,8 @@ pub(crate) struct Driver {
     shared: Arc<Shared>,
     rx: Receiver<Input>,
     tick: Duration,
+    /// The peers of a cluster; a single member has none.
+    transport: Option<Transport>,
 }
 
 impl Driver {
@@ -60,8 +65,9 @@ impl Driver {
         shared: Arc<Shared>,
         rx: Receiver<Input>,
         tick: Duration,
+        transport: Option<Transport>,
     ) -> Driver {
-        Driver { replica, committer, shared, rx, tick }
+        Driver { replica, committer, shared, rx, tick, transport }
     }
 
     /// Executes what the log holds beyond the store, and elects this member at once if it is
@@ -128,22 +134,34 @@ impl Driver {
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}
             Input::Committer(Report::Failed(e)) => return Err(StorageError::Backend(e)),
+            Input::Peer(PeerInput::Message(msg)) => self.replica.handle_message(msg),
+            Input::Peer(PeerInput::SnapshotSent { to, status }) => {
+                self.replica.handle_snapshot_report(to, status)
+            }
+            Input::Peer(PeerInput::Unreachable(to)) => self.replica.handle_unreachable(to),
             Input::Stop => return Ok(false),
         }
         Ok(true)
     }
 
     fn turn(&mut self) -> Result<(), StorageError> {
-        self.replica.process()?;
+        let transport = &self.transport;
+        self.replica.process_with(&mut |msgs| {
+            if let Some(t) = transport {
+                t.send(msgs.drain(..));
+            }
+        })?;
         self.carry_out()
     }
 
     /// Carries out what the replica left in its work.
     fn carry_out(&mut self) -> Result<(), StorageError> {
         let work = self.replica.work();
-        // A single member has no peers, so it sends nothing; the peer transport takes these
-        // when clustering arrives.
-        work.messages.clear();
+        match &self.transport {
+            Some(t) => t.send(work.messages.drain(..)),
+            // A single member has no one to send to.
+            None => work.messages.clear(),
+        }
         for batch in work.commits.drain(..) {
             self.committer.send(Job::Batch(batch))?;
         }

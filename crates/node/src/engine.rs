@@ -1,7 +1,6 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
 use std::fs::File;
-use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
@@ -18,9 +17,11 @@ use cairn_storage::lmdb::LmdbBackend;
 use cairn_storage::WalOptions;
 use tokio::sync::oneshot;
 
+use crate::cluster::ClusterState;
 use crate::config::{EngineConfig, ReplicaConfig};
 use crate::driver::{Driver, EngineReplica, Input};
 use crate::error::{EngineError, OpenError, StopCause};
+use crate::identity::{self, io_err};
 use crate::ids::RequestIds;
 use crate::replica::{Bootstrap, Replica, Reply};
 use crate::request::{prepare, Limits};
@@ -37,48 +38,10 @@ pub struct Engine {
     _lock: File,
 }
 
-fn io_err<'a>(
-    what: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(std::io::Error) -> EngineError + 'a {
-    move |e| {
-        EngineError::Open(OpenError::Io { what, path: path.to_path_buf(), source: Arc::new(e) })
-    }
-}
-
-/// Reads this member's id, creating it on first start. Derived from the name and the time of
-/// creation, so members of different clusters do not collide.
-fn member_id(dir: &Path, name: &str) -> Result<u64, EngineError> {
-    let path = dir.join("member_id");
-    if let Ok(mut f) = File::open(&path) {
-        let mut s = String::new();
-        f.read_to_string(&mut s).map_err(io_err("read", &path))?;
-        return u64::from_str_radix(s.trim(), 16)
-            .ok()
-            .filter(|id| *id != 0)
-            .ok_or(EngineError::Open(OpenError::BadMemberId { path }));
-    }
-    let now = now_micros().wrapping_mul(1000);
-    let mut id = now
-        ^ name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-            (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3)
-        });
-    id = id.max(1) & 0x7fff_ffff_ffff_ffff;
-    let mut f = File::create(&path).map_err(io_err("create", &path))?;
-    writeln!(f, "{id:016x}").map_err(io_err("write", &path))?;
-    f.sync_all().map_err(io_err("sync", &path))?;
-    Ok(id)
-}
-
 fn now_micros() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_micros() as u64)
-}
-
-/// A single-member cluster's id, derived from its member's.
-fn status_cluster_id(member: u64) -> u64 {
-    member.rotate_left(17) ^ 0x5bd1_e995
 }
 
 /// Takes the data directory's lock for the life of the engine.
@@ -98,6 +61,10 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     let mut rc = ReplicaConfig::new(raft);
     rc.request_timeout_ticks = cfg.request_timeout_ticks();
     rc.snapshot_entries = cfg.snapshot_entries;
+    #[cfg(feature = "planted-bugs")]
+    {
+        rc.planted_bug = cfg.planted_bug;
+    }
     rc
 }
 
@@ -109,7 +76,8 @@ impl Engine {
         let member = cfg.data_dir.join("member");
         std::fs::create_dir_all(&member).map_err(io_err("create", &member))?;
         let lock = lock(&cfg, &member)?;
-        let id = member_id(&member, &cfg.name)?;
+        let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
+        let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         let backend = LmdbBackend::open(&member.join("db"), cfg.lmdb_map_bytes)
             .map_err(|e| EngineError::Open(OpenError::Backend(e)))?;
         let store =
@@ -117,7 +85,14 @@ impl Engine {
         let wal_path = member.join("wal");
         let wal_dir = OsDir::create(&wal_path).map_err(io_err("create", &wal_path))?;
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
-        let founding = Bootstrap::Founding(ConfState::with_voters([NodeId(id)]));
+        let founding = match &cfg.cluster {
+            None => Bootstrap::Founding(ConfState::with_voters([NodeId(id)])),
+            Some(c) if c.state == ClusterState::New => {
+                Bootstrap::Founding(ConfState::with_voters(c.members.iter().map(|m| NodeId(m.id))))
+            }
+            // A member joining a running cluster learns the membership from its leader.
+            Some(_) => Bootstrap::Joining,
+        };
         let replica: EngineReplica = Replica::open_with(
             replica_config(&cfg, id),
             wal_dir,
@@ -127,8 +102,7 @@ impl Engine {
             now_micros(),
         )
         .map_err(EngineError::Open)?;
-        let status =
-            Status { member_id: id, cluster_id: status_cluster_id(id), ..Status::default() };
+        let status = Status { member_id: id, cluster_id, ..Status::default() };
         let shared = Arc::new(Shared {
             store: store.clone(),
             status: std::sync::Mutex::new(status),
@@ -137,7 +111,7 @@ impl Engine {
             raft_term: AtomicU64::new(0),
             leader: AtomicU64::new(0),
             member_id: id,
-            cluster_id: status_cluster_id(id),
+            cluster_id,
         });
         let (tx, rx) = mpsc::channel();
         let reports = tx.clone();
@@ -145,7 +119,12 @@ impl Engine {
             reports.send(Input::Committer(r)).is_ok()
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
-        let mut driver = Driver::new(replica, committer, shared.clone(), rx, cfg.tick_interval);
+        let transport = match &cfg.cluster {
+            Some(c) => Some(crate::peers::start(c, tx.clone())?),
+            None => None,
+        };
+        let mut driver =
+            Driver::new(replica, committer, shared.clone(), rx, cfg.tick_interval, transport);
         driver.start().map_err(|e| EngineError::Open(OpenError::Replay(e)))?;
         let handle = std::thread::Builder::new()
             .name(format!("cairn-raft-{}", cfg.name))
@@ -293,6 +272,15 @@ impl Engine {
             self.read_barrier().await?;
         }
         Ok(self.shared.store.range(&req)?)
+    }
+
+    /// etcd's `HashKV`: a hash of this member's key history up to `rev` (0: the current
+    /// revision), equal on members that executed the same history. Local, as in etcd.
+    pub fn hash_kv(&self, rev: cairn_kv::Revision) -> Result<cairn_kv::hash::KvHash, EngineError> {
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.stopped());
+        }
+        Ok(self.shared.store.hash_kv(rev)?)
     }
 
     /// Waits until reads here reflect every write committed before the call. A sole voter that

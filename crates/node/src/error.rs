@@ -89,6 +89,14 @@ pub enum OpenError {
     Replay(StorageError),
     /// A thread could not be started.
     Spawn(Arc<std::io::Error>),
+    /// The data directory belongs to another member than the flags describe.
+    OtherMember { dir: PathBuf, found: u64, expected: u64 },
+    /// The data directory belongs to another cluster than the flags describe.
+    OtherCluster { dir: PathBuf, found: u64, expected: u64 },
+    /// A peer URL cannot be used.
+    PeerUrl(cairn_transport::url::UrlError),
+    /// A `--listen-peer-urls` address could not be bound.
+    PeerListen { url: String, source: Arc<std::io::Error> },
 }
 
 impl EngineError {
@@ -175,6 +183,20 @@ impl fmt::Display for OpenError {
             OpenError::Raft(e) => write!(f, "{e}"),
             OpenError::Replay(e) => write!(f, "replaying the log: {e}"),
             OpenError::Spawn(e) => write!(f, "starting a thread: {e}"),
+            OpenError::OtherMember { dir, found, expected } => write!(
+                f,
+                "data directory {} belongs to member {found:x}, but the cluster flags make this member {expected:x}; use this member's own data directory, or start it with the flags it was created with",
+                dir.display()
+            ),
+            OpenError::OtherCluster { dir, found, expected } => write!(
+                f,
+                "data directory {} belongs to cluster {found:x}, but the cluster flags describe cluster {expected:x} (check --initial-cluster and --initial-cluster-token)",
+                dir.display()
+            ),
+            OpenError::PeerUrl(e) => write!(f, "{e}"),
+            OpenError::PeerListen { url, source } => {
+                write!(f, "cannot listen for peers on {url}: {source}")
+            }
         }
     }
 }
@@ -215,6 +237,18 @@ impl PartialEq for OpenError {
             (OpenError::Raft(a), OpenError::Raft(b)) => a == b,
             (OpenError::Replay(a), OpenError::Replay(b)) => a == b,
             (OpenError::Spawn(a), OpenError::Spawn(b)) => Arc::ptr_eq(a, b),
+            (
+                OpenError::OtherMember { dir: a, found: x, expected: y },
+                OpenError::OtherMember { dir: b, found: z, expected: w },
+            )
+            | (
+                OpenError::OtherCluster { dir: a, found: x, expected: y },
+                OpenError::OtherCluster { dir: b, found: z, expected: w },
+            ) => a == b && x == z && y == w,
+            (OpenError::PeerUrl(a), OpenError::PeerUrl(b)) => a == b,
+            (OpenError::PeerListen { source: a, .. }, OpenError::PeerListen { source: b, .. }) => {
+                Arc::ptr_eq(a, b)
+            }
             _ => false,
         }
     }

@@ -34,13 +34,16 @@
 
 #![deny(clippy::unwrap_used)]
 
+pub mod cluster;
 pub mod command;
 pub mod committer;
 mod config;
 mod driver;
 mod engine;
 mod error;
+mod identity;
 mod ids;
+mod peers;
 mod replica;
 mod request;
 mod shared;

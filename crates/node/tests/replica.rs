@@ -11,7 +11,7 @@ use cairn_node::{
     prepare, Bootstrap, EngineError, Limits, Replica, ReplicaConfig, Reply, RequestId, RequestIds,
     StorageError,
 };
-use cairn_raft::{ConfState, Config, LogIndex, NodeId, Role};
+use cairn_raft::{ConfState, Config, LogIndex, MessageBody, NodeId, Role};
 use cairn_storage::faulty::FaultyDir;
 
 type R = Replica<FaultyDir, MemBackend, u64>;
@@ -246,4 +246,37 @@ fn a_storage_failure_stops_the_replica_for_good() {
     m.replica.fail_all(&EngineError::Stopped(cairn_node::StopCause::Storage(err)));
     let answers = &m.replica.work().answers;
     assert!(matches!(answers[..], [(1, Err(EngineError::Stopped(_)))]), "{answers:?}");
+}
+
+#[test]
+fn a_leaders_appends_leave_before_its_fsync_and_a_followers_ack_only_after_its_own() {
+    let mut net = Net::new(&[1, 2, 3], 100);
+    net.stabilize();
+    net.elect(1);
+    let leader = net.get(1);
+    leader.propose(&put("a", "1"), 10);
+    let disk = leader.disk.clone();
+    let (mut early, mut ops_when_sent) = (Vec::new(), 0);
+    leader
+        .replica
+        .process_with(&mut |msgs| {
+            ops_when_sent = disk.op_count();
+            early.append(msgs);
+        })
+        .unwrap();
+    let appends = early
+        .iter()
+        .filter(|m| matches!(&m.body, MessageBody::Append { entries, .. } if !entries.is_empty()))
+        .count();
+    assert_eq!(appends, 2, "both followers' appends were handed over early: {early:?}");
+    assert!(disk.op_count() > ops_when_sent, "the leader wrote its own copy after sending");
+    let follower = net.get(2);
+    for m in early.iter().filter(|m| m.to == NodeId(2)) {
+        follower.replica.handle_message(m.clone());
+    }
+    let mut follower_early = Vec::new();
+    follower.replica.process_with(&mut |msgs| follower_early.append(msgs)).unwrap();
+    assert!(follower_early.is_empty(), "an ack promises durability: {follower_early:?}");
+    let acks = follower.replica.work().messages.iter();
+    assert!(acks.into_iter().any(|m| matches!(m.body, MessageBody::AppendResp { .. })));
 }

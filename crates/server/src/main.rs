@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use cairn::{EngineConfig, ServeConfig};
+use cairn_node::cluster::{ClusterConfig, ClusterState};
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
@@ -41,9 +42,22 @@ struct ServeArgs {
     /// Client URLs this member advertises in MemberList (defaults to the listen URLs).
     #[arg(long, value_delimiter = ',')]
     advertise_client_urls: Vec<String>,
-    /// Peer URLs this member advertises in MemberList (peer traffic arrives with clustering).
+    /// Peer URLs this member advertises to the rest of the cluster.
     #[arg(long, default_value = "http://localhost:2380", value_delimiter = ',')]
     initial_advertise_peer_urls: Vec<String>,
+    /// URLs to accept peer traffic on (comma-separated); used with --initial-cluster.
+    #[arg(long, default_value = "http://localhost:2380", value_delimiter = ',')]
+    listen_peer_urls: Vec<String>,
+    /// The founding members, as name=peer-url pairs (comma-separated), this member included.
+    /// Without it, cairn runs a single member that needs no peers.
+    #[arg(long)]
+    initial_cluster: Option<String>,
+    /// `new` to found the cluster, `existing` to join a running one.
+    #[arg(long, default_value = "new", value_parser = ["new", "existing"])]
+    initial_cluster_state: String,
+    /// Distinguishes clusters started with the same peer URLs: it goes into every id.
+    #[arg(long, default_value = cairn_node::cluster::DEFAULT_TOKEN)]
+    initial_cluster_token: String,
     /// Largest request accepted, in bytes (etcd's default: 1.5 MiB).
     #[arg(long, default_value_t = 1536 * 1024)]
     max_request_bytes: usize,
@@ -62,6 +76,10 @@ struct ServeArgs {
     /// Applied entries between compactions of the Raft log (etcd 3.6's default: 10,000).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_count: u64,
+    /// A deliberate bug, to prove the fault tests catch it (builds with `planted-bugs` only).
+    #[cfg(feature = "planted-bugs")]
+    #[arg(long, value_parser = ["read-without-index"])]
+    unsafe_planted_bug: Option<String>,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -81,6 +99,25 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.snapshot_entries = a.snapshot_count;
     // etcd's request timeout: 5 s plus two election timeouts.
     engine.request_timeout = std::time::Duration::from_millis(5000 + 2 * a.election_timeout);
+    if let Some(initial) = &a.initial_cluster {
+        let state = match a.initial_cluster_state.as_str() {
+            "existing" => ClusterState::Existing,
+            _ => ClusterState::New,
+        };
+        let cluster = ClusterConfig::from_flags(
+            &a.name,
+            initial,
+            &a.initial_cluster_token,
+            &a.initial_advertise_peer_urls,
+            &a.listen_peer_urls,
+            state,
+        )?;
+        engine.cluster = Some(cluster);
+    }
+    #[cfg(feature = "planted-bugs")]
+    if a.unsafe_planted_bug.as_deref() == Some("read-without-index") {
+        engine.planted_bug = Some(cairn_node::ReplicaBug::ReadWithoutIndex);
+    }
     let advertise = if a.advertise_client_urls.is_empty() {
         a.listen_client_urls.clone()
     } else {
@@ -134,6 +171,12 @@ fn main() -> Result<()> {
         Some(Cmd::Bench(b)) => return bench(b),
         None => cli.serve,
     };
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let threads = args.client_threads;
     let cfg = serve_config(args)?;
     server_runtime(threads)?.block_on(cairn::serve(cfg, shutdown_signal()))

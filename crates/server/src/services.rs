@@ -149,9 +149,17 @@ impl pb::maintenance_server::Maintenance for Ctx {
 
     async fn hash_kv(
         &self,
-        _: Request<pb::HashKvRequest>,
+        req: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
-        Err(not_yet("Maintenance.HashKV"))
+        let rev = cairn_kv::Revision(req.into_inner().revision);
+        let h = self.engine.hash_kv(rev).map_err(status)?;
+        let current = self.engine.status().revision;
+        Ok(Response::new(pb::HashKvResponse {
+            header: self.header().at(current),
+            hash: h.hash,
+            compact_revision: h.compact_revision.0,
+            hash_revision: h.revision.0,
+        }))
     }
 
     type SnapshotStream = BoxStream<pb::SnapshotResponse>;
@@ -186,18 +194,36 @@ impl pb::cluster_server::Cluster for Ctx {
     ) -> Result<Response<pb::MemberListResponse>, Status> {
         self.check_leader(&req)?;
         let (_, member_id) = self.engine.identity();
-        let member = pb::Member {
+        let me = pb::Member {
             id: member_id,
             name: self.name.clone(),
             peer_ur_ls: self.peer_urls.clone(),
             client_ur_ls: self.client_urls.clone(),
             is_learner: false,
         };
+        let members = match &self.engine.config().cluster {
+            None => vec![me],
+            Some(c) => c
+                .members
+                .iter()
+                .map(|m| {
+                    if m.id == member_id {
+                        return me.clone();
+                    }
+                    // Other members' client URLs are known once members publish them
+                    // through the log; until then only this member's are.
+                    pb::Member {
+                        id: m.id,
+                        name: m.name.clone(),
+                        peer_ur_ls: m.peer_urls.clone(),
+                        client_ur_ls: vec![],
+                        is_learner: false,
+                    }
+                })
+                .collect(),
+        };
         let rev = self.engine.status().revision;
-        Ok(Response::new(pb::MemberListResponse {
-            header: self.header().at(rev),
-            members: vec![member],
-        }))
+        Ok(Response::new(pb::MemberListResponse { header: self.header().at(rev), members }))
     }
 
     async fn member_add(

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_kv::{Command, CommandResponse, KvError, Outcome};
-use cairn_raft::{Entry, EntryPayload, LogIndex, ReadState, Ready, SoftState, Term};
+use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, SoftState, Term};
 use cairn_storage::fs::Dir;
 
 use super::{decode_entry, Leadership, Observed, Proposal, Replica, Reply};
@@ -25,7 +25,11 @@ pub struct AppliedEntry {
 
 impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Carries out one `Ready` in the order its contract gives, then advances the core.
-    pub(super) fn handle_ready(&mut self, rd: Ready) -> Result<(), StorageError> {
+    pub(super) fn handle_ready(
+        &mut self,
+        rd: Ready,
+        early: &mut dyn FnMut(&mut Vec<Message>),
+    ) -> Result<(), StorageError> {
         let Ready {
             messages_now,
             snapshot,
@@ -38,6 +42,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         } = rd;
         // 1. A leader's replication traffic may leave before its own write is durable.
         self.send(messages_now)?;
+        if !self.work.messages.is_empty() {
+            early(&mut self.work.messages);
+        }
         // 2. Persist: an installed snapshot (the store, then the log's marker), then entries and
         //    hard state, with one fsync.
         if let Some(snap) = &snapshot {

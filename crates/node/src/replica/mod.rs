@@ -291,6 +291,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.raft.report_snapshot(to, status);
     }
 
+    /// The transport dropped messages to `to` (it is down, or its queue is full): the leader
+    /// stops streaming appends to it and probes instead.
+    pub fn handle_unreachable(&mut self, to: NodeId) {
+        self.raft.report_unreachable(to);
+    }
+
     /// Starts an election now.
     pub fn campaign(&mut self) {
         self.raft.campaign();
@@ -315,22 +321,37 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// made durable, and leaves the rest in [`Replica::work`]. A storage error stops the
     /// replica for good (fail-stop): this and every later call return it.
     pub fn process(&mut self) -> Result<(), StorageError> {
+        self.process_with(&mut |_| {})
+    }
+
+    /// [`Replica::process`], handing `early` the messages that may leave before the log's
+    /// fsync (a leader's appends) as soon as they exist, so that the transport sends them while
+    /// this member writes its own copy (thesis §10.2.1): a write then commits after the slower
+    /// of the two, not after both in turn. `early` drains what it sends; the rest stays in
+    /// [`Work::messages`].
+    pub fn process_with(
+        &mut self,
+        early: &mut dyn FnMut(&mut Vec<Message>),
+    ) -> Result<(), StorageError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let result = self.process_inner();
+        let result = self.process_inner(early);
         if let Err(e) = &result {
             self.failed = Some(e.clone());
         }
         result
     }
 
-    fn process_inner(&mut self) -> Result<(), StorageError> {
+    fn process_inner(
+        &mut self,
+        early: &mut dyn FnMut(&mut Vec<Message>),
+    ) -> Result<(), StorageError> {
         self.propose_incoming();
         while self.raft.has_ready() {
             let rd = self.raft.ready();
             let empty = is_empty(&rd);
-            self.handle_ready(rd)?;
+            self.handle_ready(rd, early)?;
             self.report_unsent_snapshots();
             // A core that asks for a Ready and puts nothing in it would have this loop spin
             // forever (simulator seed 167 found one): fail loudly instead.

@@ -1,0 +1,199 @@
+//! Three engines in one process, connected over loopback TCP by the real peer transport: a
+//! cluster forms, serves writes and linearizable reads on every member, survives losing its
+//! leader, and brings a member that missed compacted history back with a snapshot.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_kv::*;
+use cairn_node::cluster::{ClusterConfig, ClusterState};
+use cairn_node::{Engine, EngineConfig, EngineError, OpenError};
+
+struct Member {
+    name: String,
+    cfg: EngineConfig,
+    engine: Option<Engine>,
+}
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cairn-cluster-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Free loopback ports, found by binding port 0 (the listeners close before the engines bind).
+fn free_ports(n: usize) -> Vec<u16> {
+    let ls: Vec<_> =
+        (0..n).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+    ls.iter().map(|l| l.local_addr().expect("addr").port()).collect()
+}
+
+fn configs(tag: &str, n: usize, snapshot_entries: u64) -> Vec<Member> {
+    let dir = temp_dir(tag);
+    let ports = free_ports(n);
+    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let initial: Vec<String> = urls.iter().enumerate().map(|(i, u)| format!("m{i}={u}")).collect();
+    let initial = initial.join(",");
+    (0..n)
+        .map(|i| {
+            let name = format!("m{i}");
+            let mut cfg = EngineConfig::new(&name, dir.join(&name));
+            cfg.tick_interval = Duration::from_millis(20);
+            cfg.request_timeout = Duration::from_secs(5);
+            cfg.snapshot_entries = snapshot_entries;
+            let url = std::slice::from_ref(&urls[i]);
+            let c = ClusterConfig::from_flags(&name, &initial, tag, url, url, ClusterState::New);
+            cfg.cluster = Some(c.expect("flags"));
+            Member { name, cfg, engine: None }
+        })
+        .collect()
+}
+
+fn start(m: &mut Member) {
+    m.engine = Some(Engine::open(m.cfg.clone()).expect("open"));
+}
+
+fn stop(m: &mut Member) {
+    if let Some(e) = m.engine.take() {
+        e.stop();
+    }
+}
+
+/// The index of the member every running member agrees leads, waiting up to 10 s.
+fn leader(ms: &[Member]) -> usize {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let running: Vec<(usize, &Engine)> =
+            ms.iter().enumerate().filter_map(|(i, m)| m.engine.as_ref().map(|e| (i, e))).collect();
+        let leaders: Vec<Option<u64>> = running.iter().map(|(_, e)| e.leader()).collect();
+        if let Some(Some(l)) = leaders.first() {
+            if leaders.iter().all(|x| *x == Some(*l)) {
+                if let Some((i, _)) = running.iter().find(|(_, e)| e.identity().1 == *l) {
+                    return *i;
+                }
+            }
+        }
+        assert!(Instant::now() < deadline, "no agreed leader: {leaders:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn eng(m: &Member) -> &Engine {
+    m.engine.as_ref().expect("running")
+}
+
+async fn put(e: &Engine, k: &str, v: &str) -> Result<PutResponse, EngineError> {
+    let req = PutRequest {
+        key: Bytes::from(k.to_string()),
+        value: Bytes::from(v.to_string()),
+        ..Default::default()
+    };
+    e.put(req).await
+}
+
+async fn get(e: &Engine, k: &str) -> Option<Bytes> {
+    e.get(k.to_string()).await.expect("linearizable read").map(|kv| kv.value)
+}
+
+/// Retries a write while the cluster elects (a member may not know the leader yet).
+async fn put_retrying(e: &Engine, k: &str, v: &str) -> PutResponse {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match put(e, k, v).await {
+            Ok(r) => return r,
+            Err(err) if Instant::now() < deadline => {
+                let _ = err;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("write {k} failed: {err:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_serve_every_request_on_every_member() {
+    let mut ms = configs("serve", 3, 10_000);
+    ms.iter_mut().for_each(start);
+    let ids: Vec<(u64, u64)> = ms.iter().map(|m| eng(m).identity()).collect();
+    assert!(ids.iter().all(|(c, _)| *c == ids[0].0), "one cluster id: {ids:?}");
+    leader(&ms);
+    // A write on each member, read back linearizably on every member.
+    for (i, m) in ms.iter().enumerate() {
+        put_retrying(eng(m), &format!("k{i}"), &m.name).await;
+    }
+    for m in &ms {
+        for (i, w) in ms.iter().enumerate() {
+            assert_eq!(get(eng(m), &format!("k{i}")).await, Some(Bytes::from(w.name.clone())));
+        }
+    }
+    // The leader goes away; the other two elect one and keep serving.
+    let l = leader(&ms);
+    stop(&mut ms[l]);
+    let l2 = leader(&ms);
+    assert_ne!(l, l2);
+    for m in ms.iter().filter(|m| m.engine.is_some()) {
+        put_retrying(eng(m), "after", &m.name).await;
+    }
+    // The old leader comes back as a follower and catches up.
+    start(&mut ms[l]);
+    leader(&ms);
+    let seen = get(eng(&ms[l]), "after").await;
+    assert!(seen.is_some(), "the returning member reads what was written while it was away");
+    let revs: Vec<Revision> = ms.iter().map(|m| eng(m).status().revision).collect();
+    let hashes: Vec<u32> = ms.iter().map(|m| eng(m).hash_kv(revs[0]).expect("hash").hash).collect();
+    assert!(hashes.iter().all(|h| *h == hashes[0]), "members diverge: {hashes:?} at {revs:?}");
+    ms.iter_mut().for_each(stop);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
+    let mut ms = configs("snap", 3, 20);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let behind = (l + 1) % 3;
+    stop(&mut ms[behind]);
+    let writer = (l + 2) % 3;
+    for i in 0..200 {
+        put_retrying(eng(&ms[writer]), &format!("k{i:03}"), &i.to_string()).await;
+    }
+    // The leader compacted its log far past what the stopped member holds.
+    start(&mut ms[behind]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let target = eng(&ms[writer]).status().revision;
+    while eng(&ms[behind]).status().revision < target {
+        assert!(Instant::now() < deadline, "the member never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(get(eng(&ms[behind]), "k199").await, Some(Bytes::from("199")));
+    let h: Vec<u32> = ms.iter().map(|m| eng(m).hash_kv(target).expect("hash").hash).collect();
+    assert!(h.iter().all(|x| *x == h[0]), "members diverge: {h:?}");
+    ms.iter_mut().for_each(stop);
+}
+
+#[test]
+fn a_data_directory_keeps_its_member_and_cluster() {
+    let ms = configs("identity", 3, 10_000);
+    // m0's directory, opened with m1's flags, is refused.
+    let e = Engine::open(ms[0].cfg.clone()).expect("open");
+    e.stop();
+    drop(e);
+    let mut wrong = ms[1].cfg.clone();
+    wrong.data_dir = ms[0].cfg.data_dir.clone();
+    let err = Engine::open(wrong).expect_err("another member's directory");
+    assert!(matches!(err, EngineError::Open(OpenError::OtherMember { .. })), "{err}");
+    // The same member of another cluster (another token) is another member: refused too.
+    let other = configs("identity-other", 3, 10_000);
+    let mut foreign = other[0].cfg.clone();
+    foreign.data_dir = ms[0].cfg.data_dir.clone();
+    let err = Engine::open(foreign).expect_err("another cluster's directory");
+    assert!(matches!(err, EngineError::Open(OpenError::OtherMember { .. })), "{err}");
+    // The same member (same URL and token) in a cluster of other members is refused.
+    let url = ms[0].cfg.cluster.as_ref().expect("cluster").members[0].peer_urls.clone();
+    let solo = format!("m0={}", url[0]);
+    let c = ClusterConfig::from_flags("m0", &solo, "identity", &url, &url, ClusterState::New);
+    let mut regrouped = ms[0].cfg.clone();
+    regrouped.cluster = Some(c.expect("flags"));
+    let err = Engine::open(regrouped).expect_err("another cluster");
+    assert!(matches!(err, EngineError::Open(OpenError::OtherCluster { .. })), "{err}");
+}

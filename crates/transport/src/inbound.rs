@@ -1,0 +1,206 @@
+//! Accepting peers: check who is calling, then hand every message it sends to the sink.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_raft::{MessageBody, NodeId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::timeout;
+
+use crate::codec::{self, DecodeError, Hello, StreamKind};
+use crate::outbound::hex;
+use crate::Sink;
+
+/// A caller that has not introduced itself by then is dropped (it holds a socket).
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone)]
+pub(crate) struct Acceptor {
+    pub(crate) cluster_id: u64,
+    pub(crate) local: NodeId,
+    pub(crate) known: Vec<NodeId>,
+    pub(crate) max_frame_bytes: u32,
+    pub(crate) max_snapshot_bytes: u32,
+    pub(crate) sink: Arc<dyn Sink>,
+}
+
+/// Why an incoming peer connection ended early.
+#[derive(Debug)]
+enum InboundError {
+    Io(std::io::Error),
+    Timeout,
+    Protocol(DecodeError),
+    /// We refused the caller, for this reason (also sent to it).
+    Refused(String),
+    /// The caller sent a message not from itself or not for us.
+    Misaddressed {
+        from: NodeId,
+        to: NodeId,
+    },
+    /// A snapshot connection carried something else.
+    NotASnapshot,
+}
+
+impl fmt::Display for InboundError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InboundError::Io(e) => write!(f, "{e}"),
+            InboundError::Timeout => f.write_str("the caller did not introduce itself in time"),
+            InboundError::Protocol(e) => write!(f, "{e}"),
+            InboundError::Refused(why) => write!(f, "refused: {why}"),
+            InboundError::Misaddressed { from, to } => write!(
+                f,
+                "the caller sent a message from {} to {}, not its own to us",
+                hex(*from),
+                hex(*to)
+            ),
+            InboundError::NotASnapshot => f.write_str("a snapshot connection carried no snapshot"),
+        }
+    }
+}
+
+impl From<std::io::Error> for InboundError {
+    fn from(e: std::io::Error) -> InboundError {
+        InboundError::Io(e)
+    }
+}
+
+impl From<DecodeError> for InboundError {
+    fn from(e: DecodeError) -> InboundError {
+        InboundError::Protocol(e)
+    }
+}
+
+impl Acceptor {
+    pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener) {
+        loop {
+            match listener.accept().await {
+                Ok((conn, addr)) => {
+                    let me = self.clone();
+                    tokio::spawn(async move { me.serve_conn(conn, addr).await });
+                }
+                Err(e) => {
+                    // Out of file descriptors, most likely: back off instead of spinning.
+                    tracing::warn!("accepting a peer connection failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve_conn(&self, conn: TcpStream, addr: SocketAddr) {
+        match self.conn(conn).await {
+            Ok(()) | Err(InboundError::Io(_)) => {}
+            Err(e) => tracing::warn!(%addr, "closed a peer connection: {e}"),
+        }
+    }
+
+    async fn conn(&self, mut conn: TcpStream) -> Result<(), InboundError> {
+        conn.set_nodelay(true)?;
+        let mut raw = [0u8; codec::HELLO_LEN];
+        timeout(HELLO_TIMEOUT, conn.read_exact(&mut raw))
+            .await
+            .map_err(|_| InboundError::Timeout)??;
+        let hello = match codec::decode_hello(&raw) {
+            Ok(h) => h,
+            Err(e) => {
+                // Tell a cairn of another version why; anything else ignores it.
+                let _ = reply(&mut conn, Err(&e.to_string())).await;
+                return Err(e.into());
+            }
+        };
+        if let Err(why) = self.check(&hello) {
+            let _ = reply(&mut conn, Err(&why)).await;
+            return Err(InboundError::Refused(why));
+        }
+        reply(&mut conn, Ok(())).await?;
+        match hello.kind {
+            StreamKind::Messages => self.messages(conn, hello.from).await,
+            StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
+        }
+    }
+
+    fn check(&self, h: &Hello) -> Result<(), String> {
+        let (ours, local) = (self.cluster_id, self.local);
+        if h.cluster_id != ours {
+            return Err(format!(
+                "member {} of cluster {:x} was called by member {} of cluster {:x}: the clusters differ (check --initial-cluster-token and --initial-cluster)",
+                hex(local), ours, hex(h.from), h.cluster_id
+            ));
+        }
+        if h.to != local {
+            return Err(format!(
+                "this is member {}, not member {} (a peer URL points at the wrong member)",
+                hex(local),
+                hex(h.to)
+            ));
+        }
+        if !self.known.contains(&h.from) {
+            return Err(format!("member {} is not in cluster {ours:x}", hex(h.from)));
+        }
+        Ok(())
+    }
+
+    /// Reads frames until the caller hangs up, handing their messages over in order.
+    async fn messages(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
+        loop {
+            let Some(payload) = read_frame(&mut conn, self.max_frame_bytes).await? else {
+                return Ok(());
+            };
+            for msg in payload? {
+                if msg.from != from || msg.to != self.local {
+                    return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
+                }
+                self.sink.message(msg);
+            }
+        }
+    }
+
+    /// Reads one snapshot, hands it over, and says so.
+    async fn snapshot(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
+        let Some(msgs) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
+            return Ok(());
+        };
+        let mut msgs = msgs?;
+        let msg = match (msgs.pop(), msgs.is_empty()) {
+            (Some(m), true) if matches!(m.body, MessageBody::Snapshot { .. }) => m,
+            _ => return Err(InboundError::NotASnapshot),
+        };
+        if msg.from != from || msg.to != self.local {
+            return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
+        }
+        self.sink.message(msg);
+        reply(&mut conn, Ok(())).await?;
+        Ok(())
+    }
+}
+
+type Batch = Result<Vec<cairn_raft::Message>, DecodeError>;
+
+/// Reads one frame and decodes it; `None` when the caller hung up between frames. Memory grows
+/// with the bytes that actually arrive, never with what a header claims.
+async fn read_frame(conn: &mut TcpStream, max: u32) -> Result<Option<Batch>, InboundError> {
+    let mut header = [0u8; codec::FRAME_HEADER_LEN];
+    match conn.read_exact(&mut header).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let (len, crc) = codec::parse_frame_header(&header, max)?;
+    let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
+    let got = (&mut *conn).take(u64::from(len)).read_to_end(&mut payload).await?;
+    if got != len as usize {
+        return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
+    }
+    Ok(Some(codec::decode_batch(Bytes::from(payload), crc)))
+}
+
+async fn reply(conn: &mut TcpStream, result: Result<(), &str>) -> std::io::Result<()> {
+    let mut buf = Vec::new();
+    codec::encode_reply(result, &mut buf);
+    conn.write_all(&buf).await
+}

@@ -1,0 +1,144 @@
+//! The peer transport: carries Raft messages between the members of a cluster over TCP.
+//!
+//! Each member dials every peer once and keeps that connection for its Raft messages (votes,
+//! appends, heartbeats, forwarded proposals and reads), writing whatever has queued up as one
+//! frame per write: many messages per syscall under load, one at a time when idle. A snapshot
+//! goes over a connection of its own, so a large image never holds up a heartbeat behind it
+//! (etcd keeps snapshots on a separate stream for the same reason), and its outcome is reported
+//! back to the core.
+//!
+//! The queue toward each peer is bounded. When it is full, or the peer is down, messages are
+//! dropped and the peer reported unreachable: Raft tolerates lost messages (the leader probes
+//! and resends), while an unbounded queue toward a dead peer would grow without limit and
+//! flood it with stale traffic when it came back. A dropped forwarded proposal is never resent,
+//! so the transport delivers each proposal at most once; its caller times out.
+//!
+//! Every connection starts with a [`codec::Hello`] naming the cluster, the sender and the
+//! receiver; a member refuses a peer of another cluster, one that has it confused with another
+//! member, or one it does not know, and both ends log why.
+//!
+//! The transport runs on a small tokio runtime of its own, so it serves the same whether the
+//! engine is embedded in a program with or without a runtime.
+
+pub mod codec;
+mod inbound;
+mod outbound;
+pub mod url;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use cairn_raft::{Message, MessageBody, NodeId};
+use tokio::runtime::Runtime;
+
+/// Where the transport hands what arrives and what happened. Called from the transport's
+/// threads; implementations queue and return (they must not block).
+pub trait Sink: Send + Sync + 'static {
+    /// A message from a peer, for the core.
+    fn message(&self, msg: Message);
+    /// Sending a snapshot to `to` ended: delivered (`true`) or failed.
+    fn snapshot_sent(&self, to: NodeId, delivered: bool);
+    /// Messages to `to` were dropped: it is down, or its queue is full.
+    fn unreachable(&self, to: NodeId);
+}
+
+/// How to run the transport.
+#[derive(Debug)]
+pub struct TransportConfig {
+    pub cluster_id: u64,
+    pub local: NodeId,
+    /// Sockets to accept peers on, already bound (so a test can bind port 0 and learn it).
+    pub listeners: Vec<std::net::TcpListener>,
+    /// Every other member and the addresses its peer URLs resolve to.
+    pub peers: BTreeMap<NodeId, Vec<SocketAddr>>,
+    /// Messages that may wait for one peer before more are dropped.
+    pub queue_len: usize,
+    /// Largest frame of Raft messages accepted from a peer.
+    pub max_frame_bytes: u32,
+    /// Largest snapshot frame accepted from a peer.
+    pub max_snapshot_bytes: u32,
+}
+
+impl TransportConfig {
+    pub fn new(cluster_id: u64, local: NodeId) -> TransportConfig {
+        TransportConfig {
+            cluster_id,
+            local,
+            listeners: Vec::new(),
+            peers: BTreeMap::new(),
+            // etcd's per-peer stream buffer.
+            queue_len: 4096,
+            max_frame_bytes: 64 << 20,
+            max_snapshot_bytes: u32::MAX,
+        }
+    }
+}
+
+/// The running transport. Dropping it closes every connection.
+pub struct Transport {
+    runtime: Option<Runtime>,
+    peers: BTreeMap<NodeId, outbound::Peer>,
+    snapshots: outbound::Snapshots,
+}
+
+impl std::fmt::Debug for Transport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transport").field("peers", &self.peers.keys()).finish_non_exhaustive()
+    }
+}
+
+impl Transport {
+    /// Starts accepting peers on the configured listeners and dialing every peer.
+    pub fn start(cfg: TransportConfig, sink: Arc<dyn Sink>) -> std::io::Result<Transport> {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("cairn-peer-{:x}", cfg.local.0))
+            .enable_all()
+            .build()?;
+        let known: Vec<NodeId> = cfg.peers.keys().copied().collect();
+        let accept = inbound::Acceptor {
+            cluster_id: cfg.cluster_id,
+            local: cfg.local,
+            known,
+            max_frame_bytes: cfg.max_frame_bytes,
+            max_snapshot_bytes: cfg.max_snapshot_bytes,
+            sink: sink.clone(),
+        };
+        let _guard = runtime.enter();
+        for l in cfg.listeners {
+            l.set_nonblocking(true)?;
+            let l = tokio::net::TcpListener::from_std(l)?;
+            runtime.spawn(Arc::new(accept.clone()).serve(l));
+        }
+        let link = outbound::Link { cluster_id: cfg.cluster_id, local: cfg.local, sink };
+        let mut peers = BTreeMap::new();
+        for (id, addrs) in &cfg.peers {
+            let peer = outbound::Peer::spawn(&runtime, &link, *id, addrs.clone(), cfg.queue_len);
+            peers.insert(*id, peer);
+        }
+        let snapshots = outbound::Snapshots::new(link, cfg.peers);
+        Ok(Transport { runtime: Some(runtime), peers, snapshots })
+    }
+
+    /// Queues messages for their peers, in order per peer. Never blocks.
+    pub fn send(&self, msgs: impl IntoIterator<Item = Message>) {
+        let Some(rt) = &self.runtime else { return };
+        for msg in msgs {
+            if matches!(msg.body, MessageBody::Snapshot { .. }) {
+                self.snapshots.send(rt, msg);
+            } else if let Some(peer) = self.peers.get(&msg.to) {
+                peer.send(msg);
+            }
+        }
+    }
+}
+
+impl Drop for Transport {
+    fn drop(&mut self) {
+        if let Some(rt) = self.runtime.take() {
+            // Allowed inside an async context too, unlike dropping the runtime.
+            rt.shutdown_background();
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! Dialing peers: one long-lived connection per peer for Raft messages, and one connection per
+//! snapshot.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+use cairn_raft::{Message, NodeId};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
+use tokio::sync::mpsc;
+use tokio::time::timeout;
+
+use crate::codec::{self, DecodeError, Hello, StreamKind};
+use crate::Sink;
+
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a peer has to answer our hello, or to take a snapshot once it has all of it.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+const SNAPSHOT_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
+const MIN_BACKOFF: Duration = Duration::from_millis(50);
+/// A dead peer is retried this often at most: within an election timeout of its return.
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Messages written in one frame at most; enough to amortize the syscall, small enough that
+/// a frame of appends stays within a few MiB.
+const MAX_BATCH: usize = 256;
+
+/// What every outgoing connection needs to introduce itself and report.
+#[derive(Clone)]
+pub(crate) struct Link {
+    pub(crate) cluster_id: u64,
+    pub(crate) local: NodeId,
+    pub(crate) sink: Arc<dyn Sink>,
+}
+
+/// Why a connection to a peer failed.
+#[derive(Debug)]
+pub(crate) enum DialError {
+    Io(std::io::Error),
+    Timeout,
+    /// The peer answered our hello with a refusal.
+    Refused(String),
+    Protocol(DecodeError),
+}
+
+impl fmt::Display for DialError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DialError::Io(e) => write!(f, "{e}"),
+            DialError::Timeout => f.write_str("timed out"),
+            DialError::Refused(why) => write!(f, "refused by the peer: {why}"),
+            DialError::Protocol(e) => write!(f, "peer broke the protocol: {e}"),
+        }
+    }
+}
+
+impl From<std::io::Error> for DialError {
+    fn from(e: std::io::Error) -> DialError {
+        DialError::Io(e)
+    }
+}
+
+impl From<DecodeError> for DialError {
+    fn from(e: DecodeError) -> DialError {
+        DialError::Protocol(e)
+    }
+}
+
+/// The sending side toward one peer: a bounded queue drained by a writer task.
+pub(crate) struct Peer {
+    id: NodeId,
+    tx: mpsc::Sender<Message>,
+    /// Set once the peer was reported unreachable; cleared by the next successful write, so a
+    /// peer that stays down is reported once, not for every dropped heartbeat.
+    reported: Arc<AtomicBool>,
+    sink: Arc<dyn Sink>,
+}
+
+impl Peer {
+    pub(crate) fn spawn(
+        rt: &Runtime,
+        link: &Link,
+        id: NodeId,
+        addrs: Vec<SocketAddr>,
+        queue_len: usize,
+    ) -> Peer {
+        let (tx, rx) = mpsc::channel(queue_len.max(1));
+        let reported = Arc::new(AtomicBool::new(false));
+        let writer = Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone() };
+        rt.spawn(writer.run());
+        Peer { id, tx, reported, sink: link.sink.clone() }
+    }
+
+    pub(crate) fn send(&self, msg: Message) {
+        if self.tx.try_send(msg).is_err() {
+            report_unreachable(&self.reported, &*self.sink, self.id);
+        }
+    }
+}
+
+fn report_unreachable(reported: &AtomicBool, sink: &dyn Sink, id: NodeId) {
+    if !reported.swap(true, Ordering::Relaxed) {
+        sink.unreachable(id);
+    }
+}
+
+struct Writer {
+    link: Link,
+    to: NodeId,
+    addrs: Vec<SocketAddr>,
+    rx: mpsc::Receiver<Message>,
+    reported: Arc<AtomicBool>,
+}
+
+impl Writer {
+    /// Connects, writes until the connection fails, and reconnects with backoff, until the
+    /// transport is dropped.
+    async fn run(mut self) {
+        let mut backoff = MIN_BACKOFF;
+        let mut down = false;
+        loop {
+            match dial(&self.link, self.to, &self.addrs, StreamKind::Messages).await {
+                Ok(conn) => {
+                    if down {
+                        tracing::info!(peer = %hex(self.to), "peer reachable again");
+                    }
+                    down = false;
+                    backoff = MIN_BACKOFF;
+                    if let Err(e) = self.pump(conn).await {
+                        tracing::warn!(peer = %hex(self.to), "lost connection to peer: {e}");
+                    }
+                }
+                Err(e) => {
+                    if !down {
+                        tracing::warn!(peer = %hex(self.to), "cannot reach peer: {e}");
+                    }
+                    down = true;
+                }
+            }
+            if self.rx.is_closed() {
+                return;
+            }
+            // What queued while the peer was away is stale (heartbeats of a past moment,
+            // appends the leader will resend after probing): drop it rather than replay it.
+            let mut dropped = false;
+            while self.rx.try_recv().is_ok() {
+                dropped = true;
+            }
+            if dropped || down {
+                report_unreachable(&self.reported, &*self.link.sink, self.to);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Writes everything queued, one frame per write, until the queue closes or a write fails.
+    async fn pump(&mut self, mut conn: TcpStream) -> std::io::Result<()> {
+        let mut buf = Vec::with_capacity(64 << 10);
+        let mut batch = Vec::with_capacity(MAX_BATCH);
+        loop {
+            let Some(first) = self.rx.recv().await else { return Ok(()) };
+            batch.push(first);
+            while batch.len() < MAX_BATCH {
+                match self.rx.try_recv() {
+                    Ok(m) => batch.push(m),
+                    Err(_) => break,
+                }
+            }
+            buf.clear();
+            codec::encode_batch(&batch, &mut buf);
+            batch.clear();
+            conn.write_all(&buf).await?;
+            self.reported.store(false, Ordering::Relaxed);
+            if buf.capacity() > 4 << 20 {
+                // A burst of large appends should not pin its buffer for the connection's life.
+                buf = Vec::with_capacity(64 << 10);
+            }
+        }
+    }
+}
+
+/// Connects to the first address of `to` that answers and introduces this member.
+pub(crate) async fn dial(
+    link: &Link,
+    to: NodeId,
+    addrs: &[SocketAddr],
+    kind: StreamKind,
+) -> Result<TcpStream, DialError> {
+    let mut last = DialError::Timeout;
+    for addr in addrs {
+        let mut conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                last = DialError::Io(e);
+                continue;
+            }
+            Err(_) => {
+                last = DialError::Timeout;
+                continue;
+            }
+        };
+        conn.set_nodelay(true)?;
+        let mut hello = Vec::with_capacity(codec::HELLO_LEN);
+        let h = Hello { cluster_id: link.cluster_id, from: link.local, to, kind };
+        codec::encode_hello(&h, &mut hello);
+        conn.write_all(&hello).await?;
+        read_reply(&mut conn, REPLY_TIMEOUT).await?.map_err(DialError::Refused)?;
+        return Ok(conn);
+    }
+    Err(last)
+}
+
+/// Reads one reply frame: the peer's acceptance or its reason for refusing.
+pub(crate) async fn read_reply(
+    conn: &mut TcpStream,
+    limit: Duration,
+) -> Result<Result<(), String>, DialError> {
+    let read = async {
+        let mut header = [0u8; codec::FRAME_HEADER_LEN];
+        conn.read_exact(&mut header).await?;
+        // A reply is a short reason at most.
+        let (len, crc) = codec::parse_frame_header(&header, 4096)?;
+        let mut payload = BytesMut::zeroed(len as usize);
+        conn.read_exact(&mut payload).await?;
+        Ok::<_, DialError>(codec::decode_reply(payload.freeze(), crc)?)
+    };
+    timeout(limit, read).await.map_err(|_| DialError::Timeout)?
+}
+
+/// Sends snapshots, each on a connection of its own, and reports how each ended.
+pub(crate) struct Snapshots {
+    link: Link,
+    addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
+}
+
+impl Snapshots {
+    pub(crate) fn new(link: Link, addrs: BTreeMap<NodeId, Vec<SocketAddr>>) -> Snapshots {
+        Snapshots { link, addrs }
+    }
+
+    pub(crate) fn send(&self, rt: &Runtime, msg: Message) {
+        let to = msg.to;
+        let Some(addrs) = self.addrs.get(&to).cloned() else { return };
+        let link = self.link.clone();
+        rt.spawn(async move {
+            let delivered = match send_snapshot(&link, &addrs, msg).await {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(peer = %hex(to), "sending a snapshot failed: {e}");
+                    false
+                }
+            };
+            link.sink.snapshot_sent(to, delivered);
+        });
+    }
+}
+
+async fn send_snapshot(link: &Link, addrs: &[SocketAddr], msg: Message) -> Result<(), DialError> {
+    let mut conn = dial(link, msg.to, addrs, StreamKind::Snapshot).await?;
+    let mut buf = Vec::new();
+    codec::encode_batch(std::slice::from_ref(&msg), &mut buf);
+    drop(msg);
+    conn.write_all(&buf).await?;
+    drop(buf);
+    read_reply(&mut conn, SNAPSHOT_REPLY_TIMEOUT).await?.map_err(DialError::Refused)
+}
+
+/// Member ids are shown in hex, as etcd shows them.
+pub(crate) fn hex(id: NodeId) -> String {
+    format!("{:x}", id.0)
+}

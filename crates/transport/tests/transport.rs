@@ -1,0 +1,217 @@
+//! The transport over real loopback sockets: delivery in order, refusal of strangers, garbage on
+//! the peer port, a peer that goes away and comes back, and snapshots with their outcome.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
+use cairn_transport::{Sink, Transport, TransportConfig};
+
+#[derive(Debug, PartialEq)]
+enum Event {
+    Message(Message),
+    SnapshotSent(NodeId, bool),
+    Unreachable(NodeId),
+}
+
+struct Collect(Mutex<Sender<Event>>);
+
+impl Sink for Collect {
+    fn message(&self, msg: Message) {
+        let _ = self.0.lock().unwrap().send(Event::Message(msg));
+    }
+    fn snapshot_sent(&self, to: NodeId, delivered: bool) {
+        let _ = self.0.lock().unwrap().send(Event::SnapshotSent(to, delivered));
+    }
+    fn unreachable(&self, to: NodeId) {
+        let _ = self.0.lock().unwrap().send(Event::Unreachable(to));
+    }
+}
+
+const A: NodeId = NodeId(0xa);
+const B: NodeId = NodeId(0xb);
+
+fn heartbeat(from: NodeId, to: NodeId, seq: u64) -> Message {
+    let body = MessageBody::Heartbeat { commit: LogIndex(seq), seq: HeartbeatSeq(seq) };
+    Message { from, to, term: Term(1), body }
+}
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").unwrap();
+    let a = l.local_addr().unwrap();
+    (l, a)
+}
+
+/// A transport for `local` in `cluster`, accepting on `l`, knowing `peer` at `addr`.
+fn start(
+    cluster: u64,
+    local: NodeId,
+    l: TcpListener,
+    peer: NodeId,
+    addr: SocketAddr,
+) -> (Transport, Receiver<Event>) {
+    let mut cfg = TransportConfig::new(cluster, local);
+    cfg.listeners.push(l);
+    cfg.peers = BTreeMap::from([(peer, vec![addr])]);
+    let (tx, rx) = channel();
+    let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).unwrap();
+    (t, rx)
+}
+
+fn next(rx: &Receiver<Event>) -> Event {
+    rx.recv_timeout(Duration::from_secs(5)).expect("an event within 5 s")
+}
+
+/// The next message event, skipping unreachable reports from start-up races.
+fn next_message(rx: &Receiver<Event>) -> Message {
+    loop {
+        match next(rx) {
+            Event::Message(m) => return m,
+            Event::Unreachable(_) => continue,
+            e => panic!("expected a message, got {e:?}"),
+        }
+    }
+}
+
+#[test]
+fn messages_arrive_in_order_both_ways() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = start(7, A, la, B, ab);
+    let (tb, rb) = start(7, B, lb, A, aa);
+    ta.send((1..=500).map(|i| heartbeat(A, B, i)));
+    for i in 1..=500 {
+        assert_eq!(next_message(&rb), heartbeat(A, B, i));
+    }
+    tb.send([heartbeat(B, A, 9)]);
+    assert_eq!(next_message(&ra), heartbeat(B, A, 9));
+}
+
+#[test]
+fn a_member_of_another_cluster_is_refused() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, _ra) = start(7, A, la, B, ab);
+    let (_tb, rb) = start(8, B, lb, A, aa);
+    for i in 0..20 {
+        ta.send([heartbeat(A, B, i)]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(rb.try_iter().all(|e| !matches!(e, Event::Message(_))), "nothing crosses clusters");
+}
+
+#[test]
+fn garbage_on_the_peer_port_is_dropped_and_peers_still_get_through() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    // Not a cairn peer: an HTTP request, then a frame with a huge length after a valid hello.
+    let mut s = TcpStream::connect(ab).unwrap();
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n........").unwrap();
+    let mut buf = [0u8; 64];
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let _ = s.read(&mut buf); // the refusal, or the close
+    let mut s = TcpStream::connect(ab).unwrap();
+    let mut hello = Vec::new();
+    let h = cairn_transport::codec::Hello {
+        cluster_id: 7,
+        from: A,
+        to: B,
+        kind: cairn_transport::codec::StreamKind::Messages,
+    };
+    cairn_transport::codec::encode_hello(&h, &mut hello);
+    s.write_all(&hello).unwrap();
+    s.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]).unwrap();
+    let _ = s.read(&mut buf);
+    // A real peer is served all the same.
+    let (ta, _ra) = start(7, A, la, B, ab);
+    ta.send([heartbeat(A, B, 1)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 1));
+}
+
+#[test]
+fn a_peer_that_goes_away_is_reported_and_reached_again_when_back() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = start(7, A, la, B, ab);
+    let (tb, rb) = start(7, B, lb, A, aa);
+    ta.send([heartbeat(A, B, 1)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 1));
+    drop(tb);
+    drop(rb);
+    // Sends toward the dead peer fail; the transport says so (once) instead of queueing.
+    let mut reported = false;
+    for i in 0..100 {
+        ta.send([heartbeat(A, B, 100 + i)]);
+        std::thread::sleep(Duration::from_millis(20));
+        if ra.try_iter().any(|e| e == Event::Unreachable(B)) {
+            reported = true;
+            break;
+        }
+    }
+    assert!(reported, "the dead peer was reported unreachable");
+    // B comes back on the same address; A reconnects and delivers new messages.
+    // The dropped runtime releases the port in the background.
+    let lb = (0..100)
+        .find_map(|_| {
+            TcpListener::bind(ab).ok().or_else(|| {
+                std::thread::sleep(Duration::from_millis(20));
+                None
+            })
+        })
+        .expect("the old port is free again");
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    let mut got = None;
+    for i in 0..250 {
+        ta.send([heartbeat(A, B, 1000 + i)]);
+        if let Ok(Event::Message(m)) = rb.recv_timeout(Duration::from_millis(20)) {
+            got = Some(m);
+            break;
+        }
+    }
+    let m = got.expect("delivered after the peer came back");
+    assert!(matches!(m.body, MessageBody::Heartbeat { seq, .. } if seq.0 >= 1000));
+}
+
+#[test]
+fn snapshots_go_on_their_own_connection_and_report_their_outcome() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = start(7, A, la, B, ab);
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    let mut snapshot = Snapshot::default();
+    snapshot.meta.index = LogIndex(42);
+    snapshot.data = Bytes::from(vec![7u8; 3 << 20]);
+    let msg = Message { from: A, to: B, term: Term(2), body: MessageBody::Snapshot { snapshot } };
+    ta.send([msg.clone(), heartbeat(A, B, 1)]);
+    let mut got = Vec::new();
+    while got.len() < 2 {
+        got.push(next_message(&rb));
+    }
+    assert!(got.contains(&msg) && got.contains(&heartbeat(A, B, 1)));
+    loop {
+        match next(&ra) {
+            Event::SnapshotSent(to, ok) => {
+                assert_eq!((to, ok), (B, true));
+                break;
+            }
+            Event::Unreachable(_) => {}
+            e => panic!("unexpected {e:?}"),
+        }
+    }
+    // Toward a peer nobody listens for, the snapshot fails and says so.
+    let (lc, _) = listener();
+    let (_, dead) = listener();
+    let (tc, rc) = start(7, A, lc, B, dead);
+    tc.send([msg]);
+    loop {
+        match next(&rc) {
+            Event::SnapshotSent(to, ok) => {
+                assert_eq!((to, ok), (B, false));
+                break;
+            }
+            Event::Unreachable(_) => {}
+            e => panic!("unexpected {e:?}"),
+        }
+    }
+}
