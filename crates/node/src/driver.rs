@@ -34,6 +34,8 @@ pub(crate) type EngineReplica = Replica<OsDir, LmdbBackend, Token>;
 pub(crate) enum Input {
     Propose { id: RequestId, data: Bytes, reply: Token },
     Read { reply: Token },
+    MoveLeader { target: u64, reply: Token },
+    Handover { reply: Token },
     Committer(Report),
     Peer(PeerInput),
     Stop,
@@ -130,6 +132,10 @@ impl Driver {
         match input {
             Input::Propose { id, data, reply } => self.replica.handle_propose(id, data, reply),
             Input::Read { reply } => self.replica.handle_read(reply),
+            Input::MoveLeader { target, reply } => {
+                self.replica.handle_move_leader(cairn_raft::NodeId(target), reply)
+            }
+            Input::Handover { reply } => self.replica.handle_handover(reply),
             Input::Committer(Report::Durable(index)) => self.replica.handle_store_durable(index),
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}
@@ -169,8 +175,10 @@ impl Driver {
             self.committer.send(Job::Sync)?;
         }
         work.leadership = None;
-        self.answer();
+        // Status first: a caller answered (a leader move, a write) sees the state its answer
+        // reflects.
         self.publish_status();
+        self.answer();
         Ok(())
     }
 

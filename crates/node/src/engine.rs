@@ -170,6 +170,23 @@ impl Engine {
         &self.cfg
     }
 
+    /// etcd's MoveLeader: asks this member, which must lead, to hand leadership to `target`;
+    /// returns once `target` leads.
+    pub async fn move_leader(&self, target: u64) -> Result<(), EngineError> {
+        match self.ask(|reply| Input::MoveLeader { target, reply }).await? {
+            Reply::LeaderMoved => Ok(()),
+            _ => Err(EngineError::Internal("a leader move answered as something else")),
+        }
+    }
+
+    /// Before a graceful stop: a leader hands leadership to the most up-to-date voter (as etcd
+    /// does on SIGTERM), so the cluster need not wait out an election timeout without one.
+    /// Returns once another member leads, at once if this one does not lead, or with
+    /// `LeaderTransferTimeout` after the request timeout.
+    pub async fn hand_over_leadership(&self) -> Result<(), EngineError> {
+        self.ask(|reply| Input::Handover { reply }).await.map(|_| ())
+    }
+
     /// Stops the driver thread; pending requests fail with [`EngineError::Stopped`].
     pub fn stop(&self) {
         let _ = self.tx.send(Input::Stop);
@@ -207,7 +224,7 @@ impl Engine {
         let data = prepare(id, &cmd, limits)?;
         match self.ask(|reply| Input::Propose { id, data, reply }).await? {
             Reply::Command(resp) => Ok(resp),
-            Reply::Read => Err(EngineError::Internal("a proposal answered as a read")),
+            _ => Err(EngineError::Internal("a proposal answered as something else")),
         }
     }
 
@@ -296,7 +313,7 @@ impl Engine {
         }
         match self.ask(|reply| Input::Read { reply }).await? {
             Reply::Read => Ok(()),
-            Reply::Command(_) => Err(EngineError::Internal("a read answered as a proposal")),
+            _ => Err(EngineError::Internal("a read answered as something else")),
         }
     }
 }

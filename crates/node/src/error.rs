@@ -28,6 +28,12 @@ pub enum EngineError {
     /// A leadership transfer is under way and the leader takes no proposals until it ends.
     /// etcd answers this with its Raft library's error, gRPC `Unknown` "raft proposal dropped".
     LeaderTransfer,
+    /// A request only the leader serves (MoveLeader) reached a member that does not lead.
+    NotLeader,
+    /// MoveLeader named a member that is not a voter of the cluster.
+    BadLeaderTransferee,
+    /// The member MoveLeader named did not take over within the request timeout.
+    LeaderTransferTimeout,
     /// No answer within the request timeout; a write's outcome is unknown (`ErrTimeout`).
     Timeout,
     /// No answer within the request timeout, and leadership changed meanwhile
@@ -109,6 +115,11 @@ impl EngineError {
             EngineError::LeaderChanged => "etcdserver: leader changed".into(),
             EngineError::LeaderTransfer => "raft proposal dropped".into(),
             EngineError::Timeout => "etcdserver: request timed out".into(),
+            EngineError::NotLeader => "etcdserver: not leader".into(),
+            EngineError::BadLeaderTransferee => "etcdserver: bad leader transferee".into(),
+            EngineError::LeaderTransferTimeout => {
+                "etcdserver: request timed out, leader transfer took too long".into()
+            }
             EngineError::TimeoutDueToLeaderFail => {
                 "etcdserver: request timed out, possibly due to previous leader failure".into()
             }

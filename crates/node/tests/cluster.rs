@@ -197,3 +197,28 @@ fn a_data_directory_keeps_its_member_and_cluster() {
     let err = Engine::open(regrouped).expect_err("another cluster");
     assert!(matches!(err, EngineError::Open(OpenError::OtherCluster { .. })), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leadership_moves_on_request_and_before_a_graceful_stop() {
+    let mut ms = configs("move", 3, 10_000);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let (f1, f2) = ((l + 1) % 3, (l + 2) % 3);
+    let target = eng(&ms[f1]).identity().1;
+    // Only the leader moves leadership, and only to a voter.
+    let err = eng(&ms[f2]).move_leader(target).await.expect_err("a follower cannot");
+    assert_eq!(err, EngineError::NotLeader);
+    let err = eng(&ms[l]).move_leader(0x1234).await.expect_err("not a member");
+    assert_eq!(err, EngineError::BadLeaderTransferee);
+    eng(&ms[l]).move_leader(target).await.expect("moved");
+    assert_eq!(eng(&ms[l]).leader(), Some(target));
+    assert_eq!(leader(&ms), f1);
+    // The new leader hands over before it stops; a follower has nothing to hand over.
+    eng(&ms[f2]).hand_over_leadership().await.expect("nothing to do");
+    eng(&ms[f1]).hand_over_leadership().await.expect("handed over");
+    let now = eng(&ms[f1]).leader();
+    assert!(now.is_some() && now != Some(target), "another member leads: {now:?}");
+    stop(&mut ms[f1]);
+    put_retrying(eng(&ms[l]), "after", "handover").await;
+    ms.iter_mut().for_each(stop);
+}

@@ -27,8 +27,10 @@ pub fn status(e: EngineError) -> Status {
         | EngineError::Timeout
         | EngineError::TimeoutDueToLeaderFail
         | EngineError::Stopped(_) => Code::Unavailable,
-        // etcd passes its Raft library's "proposal dropped" through as an unknown error.
-        EngineError::LeaderTransfer => Code::Unknown,
+        EngineError::NotLeader | EngineError::BadLeaderTransferee => Code::FailedPrecondition,
+        // etcd passes errors without a gRPC mapping (its Raft library's "proposal dropped",
+        // the leader transfer timeout) through as unknown errors.
+        EngineError::LeaderTransfer | EngineError::LeaderTransferTimeout => Code::Unknown,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
         _ => Code::Internal,
     };

@@ -118,6 +118,12 @@ pub async fn serve(
         () = shutdown => None,
         why = failure => Some(why),
     };
+    if fatal.is_none() {
+        // Still serving while it hands over, as etcd does.
+        if let Err(e) = engine.hand_over_leadership().await {
+            tracing::warn!("leadership transfer before stopping failed: {e}");
+        }
+    }
     let _ = stop_tx.send(true);
     for s in servers {
         let _ = s.await;

@@ -173,9 +173,11 @@ impl pb::maintenance_server::Maintenance for Ctx {
 
     async fn move_leader(
         &self,
-        _: Request<pb::MoveLeaderRequest>,
+        req: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
-        Err(not_yet("Maintenance.MoveLeader"))
+        self.engine.move_leader(req.into_inner().target_id).await.map_err(status)?;
+        let rev = self.engine.status().revision;
+        Ok(Response::new(pb::MoveLeaderResponse { header: self.header().at(rev) }))
     }
 
     async fn downgrade(

@@ -216,6 +216,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         for read in self.reads.take_where(|r| r.index.is_none()) {
             self.work.answers.push((read.token, Err(EngineError::LeaderChanged)));
         }
+        self.answer_moves();
     }
 }
 

@@ -12,6 +12,7 @@
 //! and `FaultyDir`, an in-memory backend), and tests that assert the exact work one input causes.
 
 mod apply;
+mod moves;
 mod snapshot;
 
 use std::collections::BTreeMap;
@@ -42,6 +43,8 @@ pub enum Reply {
     Command(CommandResponse),
     /// The read may run now: the store has executed everything committed before it began.
     Read,
+    /// The member asked for leads now (or there was no leadership to hand over).
+    LeaderMoved,
 }
 
 /// A change of leadership, as this member sees it.
@@ -134,6 +137,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     /// Physical compactions applied, answered once the history below them is removed. They
     /// wait for work already certain to finish, not on other members, so no deadline.
     physical: Vec<(T, CommandResponse)>,
+    /// Callers waiting for leadership to move.
+    moves: Vec<moves::Move<T>>,
     read_ids: RequestIds,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
@@ -219,6 +224,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             reads: Waiters::new(timeout),
             reads_at: BTreeMap::new(),
             physical: Vec::new(),
+            moves: Vec::new(),
             read_ids: RequestIds::new(id.0, now_micros),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
@@ -278,6 +284,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         for r in self.reads.expire(self.ticks) {
             self.work.answers.push((r.token, Err(EngineError::Timeout)));
         }
+        self.expire_moves();
     }
 
     /// The committer made the store durable up to `index` (asked for in [`Work::store_sync`]).
@@ -414,6 +421,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         for (token, _) in self.physical.drain(..) {
             self.work.answers.push((token, Err(err.clone())));
         }
+        self.fail_moves(err);
         self.proposal_index.clear();
         self.reads_at.clear();
     }
@@ -449,9 +457,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         !conf.is_joint() && conf.voters.len() == 1 && conf.voters.contains(&self.raft.id())
     }
 
-    /// Callers waiting: proposals, reads, physical compactions.
+    /// Callers waiting: proposals, reads, physical compactions and leadership moves.
     pub fn waiting(&self) -> (usize, usize, usize) {
-        (self.proposals.len() + self.incoming.len(), self.reads.len(), self.physical.len())
+        let others = self.physical.len() + self.moves.len();
+        (self.proposals.len() + self.incoming.len(), self.reads.len(), others)
     }
 }
 
