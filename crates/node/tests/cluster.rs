@@ -16,6 +16,18 @@ struct Member {
     engine: Option<Engine>,
 }
 
+/// Stops the engine and removes its directory when the test ends, passed or failed.
+impl Drop for Member {
+    fn drop(&mut self) {
+        stop(self);
+        let _ = std::fs::remove_dir_all(&self.cfg.data_dir);
+        // The last member out removes the cluster's directory (it fails while others remain).
+        if let Some(parent) = self.cfg.data_dir.parent() {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+}
+
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cairn-cluster-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
