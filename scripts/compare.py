@@ -8,8 +8,15 @@ chart of the ratios. It records the disk's raw fdatasync latency before and afte
 one row with etcd's own `benchmark` tool, and measures idle and loaded RSS, start-to-healthy
 time and binary size. Everything it starts is stopped; every run is bounded in time.
 
+With --members N (3 or 5) it starts an N-member cluster of each system instead (free loopback
+ports, fresh data dirs, waits for a leader with `etcdctl endpoint status`), runs the cluster matrix
+(puts to the leader; linearizable and serializable ranges spread over every member), and writes
+bench/results/<date>-<N>members.md with the floors beside it (fdatasync, loopback TCP and gRPC round
+trips) and each member's RSS.
+
     python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
     python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
+    python3 scripts/compare.py --members 3   # 3-member clusters: bench/results/<date>-3members.md
 """
 
 import argparse
@@ -191,10 +198,17 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--etcd", help="etcd server binary (default: 3.5.17 if built, else Debian's)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--members", type=int, default=1,
+                    help="1: single members, the full matrix (default); 3 or 5: clusters, the cluster matrix, "
+                         "report <date>-<N>members.md")
     a = ap.parse_args()
+    if a.members < 1:
+        ap.error("--members must be at least 1")
     rounds = 1 if a.quick else a.rounds
     etcd = a.etcd or (os.path.join(ETCD_BUILT, "etcd") if os.path.exists(os.path.join(ETCD_BUILT, "etcd")) else shutil.which("etcd") or "/usr/bin/etcd")
     etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
+    if a.members > 1:
+        return run_cluster(a, etcd, etcd_version)
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before = fdatasync_latency()
     results = {}  # (row, system) -> list of result dicts
@@ -323,6 +337,340 @@ def chart(ratios, path, day):
         ax.text(v, i, f" {v:.2f}", va="center")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+# ---------------------------------------------------------------------------------------------
+# Cluster mode (--members N > 1): N members of each system on loopback, the issue's cluster rows.
+
+ETCDCTL = os.path.join(ETCD_BUILT, "etcdctl") if os.path.exists(os.path.join(ETCD_BUILT, "etcdctl")) else "/usr/bin/etcdctl"
+
+# (id, where the clients go, cairn bench arguments). "leader": every request to the leader
+# (--target-leader); "spread": clients split evenly over all members (see bench_spread).
+# Totals are sized so 3 rounds of both systems fit in ~15 minutes on 2 cores; --quick divides by 20.
+CLUSTER_MATRIX = [
+    ("C-W1 put 1 client, leader", "leader", ["--conns", "1", "--clients", "1", "--sequential-keys", "--total", "4000", "put"]),
+    ("C-W2 put 100 clients, leader", "leader", ["--conns", "10", "--clients", "100", "--total", "30000", "put"]),
+    ("C-W3 put 1,000 clients, leader", "leader", ["--conns", "100", "--clients", "1000", "--total", "40000", "put"]),
+    ("C-R-l range 100 clients, all", "spread", ["--conns", "10", "--clients", "100", "--total", "60000", "range", "foo", "--consistency", "l"]),
+    ("C-R-l range 1,000 clients, all", "spread", ["--conns", "100", "--clients", "1000", "--total", "60000", "range", "foo", "--consistency", "l"]),
+    ("C-R-s range 100 clients, all", "spread", ["--conns", "10", "--clients", "100", "--total", "60000", "range", "foo", "--consistency", "s"]),
+    ("C-R-s range 1,000 clients, all", "spread", ["--conns", "100", "--clients", "1000", "--total", "60000", "range", "foo", "--consistency", "s"]),
+]
+# The floor of a read: one client, serializable, one member, so no Raft and no disk.
+GRPC_RTT = ["--conns", "1", "--clients", "1", "--total", "3000", "range", "foo", "--consistency", "s"]
+
+
+def arg_value(args, flag):
+    return int(args[args.index(flag) + 1])
+
+
+def with_arg(args, flag, value):
+    args = list(args)
+    args[args.index(flag) + 1] = str(value)
+    return args
+
+
+def scale_quick(args):
+    """--quick: totals / 20, but at least two requests per client."""
+    clients = arg_value(args, "--clients") if "--clients" in args else 1
+    return with_arg(args, "--total", max(100, 2 * clients, arg_value(args, "--total") // 20))
+
+
+def run_benches(cmds, timeout=600):
+    """Runs `cairn bench --json` command lines at once; one result (or error) dict for each."""
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    deadline, outs = time.time() + timeout, []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=max(1, deadline - time.time()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            out, err = p.communicate()
+            outs.append({"error": "timed out"})
+            continue
+        if p.returncode != 0:
+            outs.append({"error": err.strip()[-300:]})
+            continue
+        try:
+            doc = json.loads(out)
+        except ValueError:
+            outs.append({"error": f"unparsable output: {out[-200:]}"})
+            continue
+        res = doc["results"]
+        res["endpoint"] = doc.get("endpoint")
+        outs.append(res)
+    return outs
+
+
+def bench_leader(endpoints, args, quick):
+    if quick:
+        args = scale_quick(args)
+    res = run_benches([[CAIRN, "bench", "--endpoints", ",".join(endpoints), "--target-leader", "--json"] + args])[0]
+    res["endpoints_used"] = [res.get("endpoint")]
+    return res
+
+
+def bench_spread(endpoints, args, quick):
+    """Clients spread evenly over every member. `cairn bench` opens all its connections to one
+    endpoint (the first it is given), so this runs one `cairn bench` per member at once, each with
+    its share of clients, connections and requests, and each given every endpoint with its own
+    member first. Throughput is all successful requests over the longest run; p99 is the worst
+    of the runs' p99s (the tool reports percentiles, not histograms, so they cannot be merged)."""
+    if quick:
+        args = scale_quick(args)
+    n = len(endpoints)
+    clients, conns, total = arg_value(args, "--clients"), arg_value(args, "--conns"), arg_value(args, "--total")
+    cmds = []
+    for i in range(n):
+        share = lambda x: x // n + (1 if i < x % n else 0)
+        part = with_arg(with_arg(with_arg(args, "--clients", max(1, share(clients))), "--conns", max(1, share(conns))),
+                        "--total", max(1, share(total)))
+        mine = endpoints[i:] + endpoints[:i]
+        cmds.append([CAIRN, "bench", "--endpoints", ",".join(mine), "--json"] + part)
+    runs = run_benches(cmds)
+    bad = [r for r in runs if "error" in r]
+    if bad:
+        return {"error": bad[0]["error"]}
+    ok = sum(r["ok"] for r in runs)
+    secs = max(r["total_secs"] for r in runs)
+    return {"throughput_ops": ok / max(secs, 1e-9), "ok": ok, "errors": sum(r["errors"] for r in runs),
+            "total_secs": secs, "latency_us": {"p99": max(r["latency_us"]["p99"] for r in runs),
+                                               "p50": max(r["latency_us"]["p50"] for r in runs)},
+            "endpoints_used": [r.get("endpoint") for r in runs]}
+
+
+def tcp_round_trip(n=5000):
+    """A 1-byte ping-pong over loopback TCP between two Python threads: the transport's floor."""
+    import threading
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+    srv.settimeout(10)
+
+    def echo():
+        try:
+            conn, _ = srv.accept()
+        except OSError:
+            return
+        with conn:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            while True:
+                b = conn.recv(1)
+                if not b:
+                    return
+                conn.sendall(b)
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    lat = []
+    with socket.create_connection(srv.getsockname(), timeout=10) as c:
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(n):
+            s = time.perf_counter()
+            c.sendall(b"x")
+            c.recv(1)
+            lat.append((time.perf_counter() - s) * 1e6)
+    t.join(timeout=10)
+    srv.close()
+    lat.sort()
+    return {"p50_us": round(lat[len(lat) // 2]), "p99_us": round(lat[int(len(lat) * 0.99)])}
+
+
+class Cluster:
+    """N members of one system on loopback ports, fresh data dirs, each stopped by its PID."""
+
+    def __init__(self, system, binary, work, n):
+        self.system = system
+        used, ports = set(), []
+        while len(ports) < 2 * n:
+            p = free_port()
+            if p not in used:
+                used.add(p)
+                ports.append(p)
+        self.names = [f"m{i + 1}" for i in range(n)]
+        self.endpoints = [f"127.0.0.1:{ports[2 * i]}" for i in range(n)]
+        peers = [f"http://127.0.0.1:{ports[2 * i + 1]}" for i in range(n)]
+        initial = ",".join(f"{m}={p}" for m, p in zip(self.names, peers))
+        token = f"compare-{system}-{os.getpid()}-{time.time_ns()}"
+        self.base = tempfile.mkdtemp(prefix=f"{system}-cluster-", dir=work)
+        self.procs, self.logs = [], []
+        started = time.perf_counter()
+        try:
+            for name, ep, peer in zip(self.names, self.endpoints, peers):
+                url = f"http://{ep}"
+                cmd = ([binary, "serve"] if system == "cairn" else [binary]) + [
+                    "--name", name, "--data-dir", os.path.join(self.base, name),
+                    "--listen-client-urls", url, "--advertise-client-urls", url,
+                    "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
+                    "--initial-cluster", initial, "--initial-cluster-state", "new", "--initial-cluster-token", token]
+                log = open(os.path.join(self.base, f"{name}.log"), "w")
+                self.logs.append(log)
+                self.procs.append(subprocess.Popen(cmd, stdout=log, stderr=log, stdin=subprocess.DEVNULL))
+            self.leader = self.wait_leader(30)
+        except BaseException:
+            self.stop()
+            raise
+        self.start_ms = (time.perf_counter() - started) * 1000
+        time.sleep(1)
+        self.idle_rss = [rss_kib(p.pid) for p in self.procs]
+
+    def status(self):
+        """{endpoint: (member_id, leader_id)} of the members that answer."""
+        try:
+            out = subprocess.run([ETCDCTL, "--endpoints", ",".join(self.endpoints), "--dial-timeout=1s",
+                                  "--command-timeout=2s", "endpoint", "status", "-w", "json"],
+                                 capture_output=True, text=True, timeout=15, env=dict(os.environ, ETCDCTL_API="3"))
+            docs = json.loads(out.stdout or "[]")
+        except (subprocess.TimeoutExpired, ValueError):
+            return {}
+        return {d["Endpoint"]: (d["Status"]["header"]["member_id"], d["Status"].get("leader", 0)) for d in docs}
+
+    def wait_leader(self, seconds):
+        """The endpoint of the leader, once every member answers and all name the same member."""
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            dead = [n for n, p in zip(self.names, self.procs) if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{self.system} members {dead} exited; logs in {self.base}")
+            st = self.status()
+            if len(st) == len(self.endpoints):
+                leaders = {lead for _, lead in st.values()}
+                ids = {mid: ep for ep, (mid, _) in st.items()}
+                if len(leaders) == 1 and next(iter(leaders)) in ids:
+                    return ids[next(iter(leaders))]
+            time.sleep(0.1)
+        raise RuntimeError(f"{self.system}: no leader after {seconds} s")
+
+    def leader_now(self):
+        st = self.status()
+        ids = {mid: ep for ep, (mid, _) in st.items()}
+        leads = [lead for _, lead in st.values() if lead in ids]
+        return ids[max(set(leads), key=leads.count)] if leads else None
+
+    def stop(self):
+        """SIGTERM every member, SIGKILL any still running 10 s later; then delete the data."""
+        for p in self.procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.time() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=10)
+        for log in self.logs:
+            log.close()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def run_cluster(a, etcd, etcd_version):
+    n, rounds = a.members, 1 if a.quick else a.rounds
+    work = tempfile.mkdtemp(prefix="cairn-compare-")
+    fs_before, tcp = fdatasync_latency(), tcp_round_trip()
+    results, rtt = {}, {}  # (row, system) -> list of result dicts; system -> list of results
+    resources = {"etcd": [], "cairn": []}
+    t0 = time.time()
+    try:
+        for r in range(rounds):
+            order = ["etcd", "cairn"] if r % 2 == 0 else ["cairn", "etcd"]
+            for system in order:
+                cl = Cluster(system, etcd if system == "etcd" else CAIRN, work, n)
+                print(f"round {r + 1} {system:5} {n} members up in {cl.start_ms:.0f} ms, leader {cl.leader}", file=sys.stderr)
+                try:
+                    subprocess.run([CAIRN, "bench", "--endpoints", ",".join(cl.endpoints), "--target-leader",
+                                    "--total", "1", "put"], capture_output=True, timeout=60)
+                    for row, where, args in CLUSTER_MATRIX:
+                        res = (bench_leader if where == "leader" else bench_spread)(cl.endpoints, args, a.quick)
+                        results.setdefault((row, system), []).append(res)
+                        print(f"round {r + 1} {system:5} {row:32} {res.get('throughput_ops', 0):10.0f} ops/s"
+                              f" p99 {res.get('latency_us', {}).get('p99', '-')} µs errors {res.get('errors', '-')}"
+                              f" via {res.get('endpoints_used')} {res.get('error', '')}", file=sys.stderr)
+                    leader = cl.leader_now() or cl.leader
+                    res = run_benches([[CAIRN, "bench", "--endpoints", leader, "--json"]
+                                       + (scale_quick(GRPC_RTT) if a.quick else GRPC_RTT)])[0]
+                    rtt.setdefault(system, []).append(res)
+                    resources[system].append({
+                        "start_ms": cl.start_ms, "leader": cl.names[cl.endpoints.index(leader)],
+                        "idle_rss_kib": cl.idle_rss, "loaded_rss_kib": [rss_kib(p.pid) for p in cl.procs],
+                        "leader_changed": leader != cl.leader})
+                finally:
+                    cl.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"matrix took {time.time() - t0:.0f} s", file=sys.stderr)
+    fs_after = fdatasync_latency()
+    write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, etcd, etcd_version, rounds)
+
+
+def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, etcd, etcd_version, rounds):
+    n = a.members
+    day = datetime.date.today().isoformat()
+    out_dir = tempfile.mkdtemp(prefix="cairn-compare-report-") if a.quick else a.out
+    os.makedirs(out_dir, exist_ok=True)
+    stem = f"{day}-{n}members"
+    md_path, png_path = os.path.join(out_dir, f"{stem}.md"), os.path.join(out_dir, f"{stem}.png")
+    lines = [f"# cairn vs etcd, {n}-member clusters, {day}", "",
+             f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; "
+             f"all {n} members of a cluster on this machine, on loopback, fsync on. "
+             f"etcd: {etcd_version} (`{etcd}`); cairn: `target/release/cairn`.",
+             f"Medians of {rounds} rounds; each round starts both clusters fresh (new data dirs), alternating which "
+             f"goes first. Client: `cairn bench` (key 8 B, value 256 B). \"leader\" rows send every request to the "
+             f"leader (`--target-leader`); \"all\" rows split clients, connections and requests evenly over the {n} "
+             f"members, one `cairn bench` per member run at once: throughput is their successful requests over the "
+             f"longest run, p99 the worst of their p99s.", "",
+             "Floors on this machine:", "",
+             f"- disk fdatasync (256 B appends): before p50 {fs_before['p50_us']} µs, p99 {fs_before['p99_us']} µs; "
+             f"after p50 {fs_after['p50_us']} µs, p99 {fs_after['p99_us']} µs",
+             f"- loopback TCP round trip (1-byte ping-pong, Python): p50 {tcp['p50_us']} µs, p99 {tcp['p99_us']} µs"]
+    for system in ("etcd", "cairn"):
+        runs = [x for x in rtt.get(system, []) if "throughput_ops" in x and not x.get("errors")]
+        if runs:
+            lines.append(f"- gRPC round trip to {system} (serializable range, 1 client, the leader): "
+                         f"p50 {median([x['latency_us']['p50'] for x in runs]):.0f} µs, "
+                         f"p99 {median([x['latency_us']['p99'] for x in runs]):.0f} µs, "
+                         f"{median([x['throughput_ops'] for x in runs]):.0f} ops/s")
+        else:
+            lines.append(f"- gRPC round trip to {system}: failed")
+    lines += ["", "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs |",
+              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    ratios = []
+    for row, _, _ in CLUSTER_MATRIX:
+        e, c = summarize(results, row, "etcd"), summarize(results, row, "cairn")
+        cell = lambda s, k, fmt="{:.0f}": fmt.format(s[k]) if s else "failed"
+        ratio = f"{c['ops'] / e['ops']:.2f}" if e and c else "n/a"
+        if e and c:
+            ratios.append((row, c["ops"] / e["ops"]))
+        lines.append(f"| {row} | {cell(e, 'ops')} | {cell(c, 'ops')} | {ratio} | {cell(e, 'p99')} | {cell(c, 'p99')} |")
+    failures = [(row, s, x["error"]) for (row, s), xs in results.items() for x in xs if "error" in x]
+    failures += [(row, s, f"{x['errors']} failed requests") for (row, s), xs in results.items() for x in xs if x.get("errors")]
+    if failures:
+        lines += ["", "Failures:", ""] + [f"- {s} {row}: {why}" for row, s, why in failures[:20]]
+    lines += ["", "Resources: start to leader elected, and each member's RSS (MiB; medians of the rounds; "
+              "the leader named is the last round's, after the matrix).", "",
+              "| | start to leader ms | leader | idle RSS MiB per member | RSS after the run MiB per member | total after MiB |",
+              "| --- | ---: | --- | --- | --- | ---: |"]
+    for system in ("etcd", "cairn"):
+        rs = resources[system]
+        if not rs:
+            lines.append(f"| {system} | n/a | n/a | n/a | n/a | n/a |")
+            continue
+        per = lambda k: [median([x[k][i] for x in rs]) / 1024 for i in range(n)]
+        idle, loaded = per("idle_rss_kib"), per("loaded_rss_kib")
+        names = [f"m{i + 1}" for i in range(n)]
+        lines.append(f"| {system} | {median([x['start_ms'] for x in rs]):.0f} | {rs[-1]['leader']} | "
+                     + ", ".join(f"{m} {v:.1f}" for m, v in zip(names, idle)) + " | "
+                     + ", ".join(f"{m} {v:.1f}" for m, v in zip(names, loaded)) + f" | {sum(loaded):.1f} |")
+    changed = [s for s in ("etcd", "cairn") for x in resources[s] if x["leader_changed"]]
+    if changed:
+        lines += ["", f"The leader changed during a run for: {', '.join(changed)}."]
+    lines += ["", f"![cairn/etcd throughput ratios]({stem}.png)", ""]
+    with open(md_path, "w") as f:
+        f.write("\n".join(lines))
+    if ratios:
+        chart(ratios, png_path, f"{day}, {n} members")
+    print("\n".join(lines))
+    print(f"\nwrote {md_path}" + (f" and {png_path}" if ratios else ""), file=sys.stderr)
 
 
 if __name__ == "__main__":
