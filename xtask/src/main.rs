@@ -13,7 +13,13 @@
 //!    quick mode, and the official Go client (`tests/compat`, modules from the Go proxy), whose
 //!    suite then runs against Debian's etcd too, to check its expectations against etcd itself.
 //!
-//! `cargo xtask sim-soak` runs the long simulation documented for humans: 100,000 core seeds,
+//! 7. the fault harness (`tests/cluster`): 3-member clusters of real processes under kill -9,
+//!    SIGSTOP, partitions and leadership moves, histories judged by porcupine, over three seeds;
+//!    cairn with a planted stale-read bug, which must be caught; then one seed against Debian's
+//!    etcd, which checks the harness itself.
+//!
+//! `cargo xtask cluster-soak [DURATION]` runs the fault harness on fresh seeds for DURATION
+//! (default 30m). `cargo xtask sim-soak` runs the long simulation documented for humans: 100,000 core seeds,
 //! 20,000 at twenty times the fault rate with one entry per message, and 100,000 stack seeds.
 
 mod tidy;
@@ -106,6 +112,30 @@ fn compat() -> Result<(), String> {
     run("tests/compat", "go", &["test", "-count=1", "./..."], &[("COMPAT_ETCD", "/usr/bin/etcd")])
 }
 
+/// The fault harness against real clusters (see `tests/cluster`). `env` adds to what it sets.
+fn cluster(env: &[(&str, &str)], go_args: &[&str]) -> Result<(), String> {
+    // The planted-bug build first, kept aside, then the real one back in its place.
+    cargo(&["build", "--release", "--quiet", "-p", "cairn", "--features", "planted-bugs"], &[])?;
+    std::fs::copy("target/release/cairn", "target/release/cairn-planted")
+        .map_err(|e| format!("cannot keep the planted-bug build: {e}"))?;
+    cargo(&["build", "--release", "--quiet", "-p", "cairn"], &[])?;
+    if !have("go") {
+        return Err("Go is needed for tests/cluster (the official etcd client); install it".into());
+    }
+    let root = std::env::current_dir().map_err(|e| e.to_string())?;
+    let bin = root.join("target/release/cairn");
+    let planted = root.join("target/release/cairn-planted");
+    let mut all = vec![
+        ("CAIRN_BIN", bin.to_str().ok_or("non-UTF-8 path")?),
+        ("CAIRN_PLANTED_BIN", planted.to_str().ok_or("non-UTF-8 path")?),
+    ];
+    all.extend_from_slice(env);
+    let mut args = vec!["test", "-count=1", "-v"];
+    args.extend_from_slice(go_args);
+    args.push("./...");
+    run("tests/cluster", "go", &args, &all)
+}
+
 fn ci() -> Result<(), String> {
     ensure_components()?;
     cargo(&["fmt", "--all", "--check"], &[])?;
@@ -115,7 +145,11 @@ fn ci() -> Result<(), String> {
     sim(&["--seeds", "1..1000"])?;
     sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
     sim(&["--stack", "--seeds", "1..300"])?;
-    compat()
+    compat()?;
+    cluster(&[], &[])?;
+    // One seed against etcd: every expectation of the harness holds for etcd too.
+    let etcd = [("CLUSTER_ETCD", "/usr/bin/etcd"), ("FAULT_SEEDS", "1")];
+    run("tests/cluster", "go", &["test", "-count=1", "./..."], &etcd)
 }
 
 fn main() -> ExitCode {
@@ -123,10 +157,18 @@ fn main() -> ExitCode {
     let result = match task.as_str() {
         "ci" => ci(),
         "compat" => compat(),
+        "cluster" => cluster(&[], &[]),
+        "cluster-soak" => {
+            let d = std::env::args().nth(2).unwrap_or_else(|| "30m".into());
+            cluster(
+                &[("FAULT_SOAK", &d)],
+                &["-timeout", "0", "-run", "TestLinearizableUnderFaults"],
+            )
+        }
         "sim-soak" => sim(&["--seeds", "1..100000"])
             .and_then(|()| sim(&["--seeds", "1..20000", "--chaos", "20", "--max-msg-bytes", "1"]))
             .and_then(|()| sim(&["--stack", "--seeds", "1..100000"])),
-        _ => Err("usage: cargo xtask ci | cargo xtask compat | cargo xtask sim-soak".into()),
+        _ => Err("usage: cargo xtask ci | compat | cluster | cluster-soak [30m] | sim-soak".into()),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,140 @@
+package cluster
+
+// The fault schedule: a seeded list of faults, each applied to a member chosen when it starts
+// (the leader, or one of the followers), held for a while, then healed. The schedule is
+// printed before a run, so a failure names what to replay (FAULT_SEEDS=<seed>); the timing of
+// a replay differs, the faults and their order do not.
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"strings"
+	"syscall"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+type faultKind string
+
+const (
+	killLeader      faultKind = "kill -9 the leader"
+	killFollower    faultKind = "kill -9 a follower"
+	killMajority    faultKind = "kill -9 the leader and a follower"
+	killAll         faultKind = "kill -9 every member"
+	pauseLeader     faultKind = "SIGSTOP the leader"
+	pauseFollower   faultKind = "SIGSTOP a follower"
+	isolateLeader   faultKind = "partition the leader from the others"
+	isolateFollower faultKind = "partition a follower from the others"
+	moveLeader      faultKind = "move leadership to a follower"
+	restartLeader   faultKind = "SIGTERM the leader (it hands over), then restart it"
+)
+
+var allFaults = []faultKind{killLeader, killFollower, killMajority, killAll, pauseLeader,
+	pauseFollower, isolateLeader, isolateFollower, moveLeader, restartLeader}
+
+type fault struct {
+	kind   faultKind
+	hold   time.Duration // how long the fault lasts before it is healed
+	gap    time.Duration // healthy time after it
+	choice int           // which follower, when the fault takes one
+}
+
+func (f fault) String() string {
+	return fmt.Sprintf("%s for %v, then %v healthy", f.kind, f.hold, f.gap)
+}
+
+// schedule draws n faults from seed, from kinds (every kind when nil).
+func schedule(seed int64, n int, kinds []faultKind) []fault {
+	if kinds == nil {
+		kinds = allFaults
+	}
+	rng := rand.New(rand.NewSource(seed))
+	out := make([]fault, n)
+	for i := range out {
+		out[i] = fault{
+			kind:   kinds[rng.Intn(len(kinds))],
+			hold:   time.Duration(500+rng.Intn(1500)) * time.Millisecond,
+			gap:    time.Duration(300+rng.Intn(1200)) * time.Millisecond,
+			choice: rng.Intn(2),
+		}
+	}
+	return out
+}
+
+func describe(faults []fault) string {
+	var b strings.Builder
+	for i, f := range faults {
+		fmt.Fprintf(&b, "\n  %2d. %s", i+1, f)
+	}
+	return b.String()
+}
+
+// inject applies one fault, holds it, heals the cluster and waits the gap. It returns what it
+// did, with the members it chose.
+func (c *cluster) inject(admin *clientv3.Client, f fault) string {
+	lead := c.leader(admin)
+	follower := (lead + 1 + f.choice) % len(c.members)
+	var did string
+	switch f.kind {
+	case killLeader, killFollower, pauseLeader, pauseFollower, isolateLeader, isolateFollower:
+		target := lead
+		if f.kind == killFollower || f.kind == pauseFollower || f.kind == isolateFollower {
+			target = follower
+		}
+		did = fmt.Sprintf("%s (m%d)", f.kind, target)
+		switch f.kind {
+		case killLeader, killFollower:
+			c.kill(target)
+		case pauseLeader, pauseFollower:
+			c.pause(target)
+		default:
+			c.proxy.partition([]int{target}, c.others(target))
+		}
+	case killMajority:
+		did = fmt.Sprintf("%s (m%d, m%d)", f.kind, lead, follower)
+		c.kill(lead)
+		c.kill(follower)
+	case killAll:
+		did = string(f.kind)
+		for i := range c.members {
+			c.kill(i)
+		}
+	case moveLeader:
+		did = fmt.Sprintf("%s (m%d to m%d): %v", f.kind, lead, follower, c.move(lead, follower))
+	case restartLeader:
+		did = fmt.Sprintf("%s (m%d)", f.kind, lead)
+		c.signal(lead, syscall.SIGTERM)
+	}
+	time.Sleep(f.hold)
+	c.heal()
+	time.Sleep(f.gap)
+	return did
+}
+
+func (c *cluster) others(i int) []int {
+	var out []int
+	for j := range c.members {
+		if j != i {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+// move asks leader `from` to hand leadership to member `to`; its answer is reported, not
+// judged (a transfer may time out while the target catches up).
+func (c *cluster) move(from, to int) string {
+	cl := c.client(c.members[from].url)
+	id, err := c.memberID(cl, to)
+	if err != nil {
+		return "target unreachable: " + err.Error()
+	}
+	cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cl.MoveLeader(cx, id); err != nil {
+		return "refused: " + err.Error()
+	}
+	return "done"
+}

@@ -1,0 +1,362 @@
+// Package cluster runs real cairn clusters (3 processes on 127.0.0.1) under faults: kill -9,
+// SIGSTOP, partitions through a TCP proxy on the peer ports, leadership moves and graceful
+// restarts, with the official etcd Go client as the workload and porcupine as the judge.
+//
+// Environment:
+//
+//	CAIRN_BIN          the cairn binary (default: the workspace's release, then debug build)
+//	CAIRN_PLANTED_BIN  cairn built with --features planted-bugs, for the checker's own test
+//	CLUSTER_ETCD       an etcd binary: run the same tests against etcd (checks the harness)
+//	FAULT_SEEDS        seeds for the fault runs: "7", "1,5,9" or "1..20" (default 1,2,3)
+//	FAULT_SOAK         a duration ("30m"): run random seeds until it has passed
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+)
+
+func etcdBin() string { return os.Getenv("CLUSTER_ETCD") }
+
+func cairnBin(t *testing.T) string {
+	if b := os.Getenv("CAIRN_BIN"); b != "" {
+		return b
+	}
+	for _, p := range []string{"../../target/release/cairn", "../../target/debug/cairn"} {
+		if _, err := os.Stat(p); err == nil {
+			abs, _ := filepath.Abs(p)
+			return abs
+		}
+	}
+	t.Fatal("cairn binary not found: build it (cargo build --release -p cairn) or set CAIRN_BIN")
+	return ""
+}
+
+func freePort(t *testing.T) int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// member is one server process. It listens for peers on peerPort but advertises proxyPort,
+// so every connection a peer opens to it passes through the test's proxy.
+type member struct {
+	name, dir, url      string
+	peerPort, proxyPort int
+	cmd                 *exec.Cmd
+	exited              chan struct{} // closed when the running process has been reaped
+	expectExit          bool          // set before the test stops or kills it
+	paused              bool
+}
+
+type cluster struct {
+	t       *testing.T
+	bin     []string // program and leading arguments
+	extra   []string
+	root    string // data directories and logs; kept when the test fails
+	members []*member
+	initial string
+	proxy   *proxy
+	mu      sync.Mutex // guards each member's cmd, expectExit and paused
+	crashed []string   // members that exited without being asked to
+	clients []*clientv3.Client
+}
+
+// startCluster starts n members, through the proxy, and waits for a leader. extra flags go to
+// every member (both cairn and etcd must accept them).
+func startCluster(t *testing.T, n int, bin []string, extra ...string) *cluster {
+	t.Helper()
+	root, err := os.MkdirTemp("", "cairn-cluster-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{t: t, bin: bin, extra: extra, root: root}
+	var initial []string
+	for i := 0; i < n; i++ {
+		m := &member{name: fmt.Sprintf("m%d", i), dir: filepath.Join(root, fmt.Sprintf("m%d", i))}
+		m.url = fmt.Sprintf("http://127.0.0.1:%d", freePort(t))
+		m.peerPort, m.proxyPort = freePort(t), freePort(t)
+		initial = append(initial, fmt.Sprintf("%s=http://127.0.0.1:%d", m.name, m.proxyPort))
+		c.members = append(c.members, m)
+	}
+	c.initial = strings.Join(initial, ",")
+	c.proxy = newProxy(t, c)
+	t.Cleanup(c.close)
+	for i := range c.members {
+		c.start(i)
+	}
+	return c
+}
+
+// defaultBin is cairn, or etcd when CLUSTER_ETCD is set.
+func defaultBin(t *testing.T) []string {
+	if e := etcdBin(); e != "" {
+		return []string{e}
+	}
+	return []string{cairnBin(t), "serve"}
+}
+
+func (c *cluster) start(i int) {
+	m := c.members[i]
+	peer := fmt.Sprintf("http://127.0.0.1:%d", m.peerPort)
+	advertised := fmt.Sprintf("http://127.0.0.1:%d", m.proxyPort)
+	args := append(append([]string{}, c.bin[1:]...),
+		"--name", m.name, "--data-dir", m.dir,
+		"--listen-client-urls", m.url, "--advertise-client-urls", m.url,
+		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", advertised,
+		"--initial-cluster", c.initial, "--initial-cluster-state", "new",
+		"--initial-cluster-token", "fault-cluster",
+		"--heartbeat-interval", "50", "--election-timeout", "500")
+	args = append(args, c.extra...)
+	if etcdBin() != "" {
+		args = append(args, "--log-level", "warn")
+	}
+	cmd := exec.Command(c.bin[0], args...)
+	log, err := os.OpenFile(filepath.Join(c.root, m.name+".log"),
+		os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	fmt.Fprintf(log, "---- %s start\n", time.Now().Format(time.RFC3339Nano))
+	cmd.Stdout, cmd.Stderr = log, log
+	if err := cmd.Start(); err != nil {
+		c.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	c.mu.Lock()
+	m.cmd, m.exited, m.expectExit, m.paused = cmd, exited, false, false
+	c.mu.Unlock()
+	go func() {
+		err := cmd.Wait()
+		log.Close()
+		c.mu.Lock()
+		if !m.expectExit {
+			c.crashed = append(c.crashed, fmt.Sprintf("%s exited on its own (%v)", m.name, err))
+		}
+		c.mu.Unlock()
+		close(exited)
+	}()
+}
+
+// signal sends sig to member i and, for SIGKILL and SIGTERM, waits (at most 15 s) until the
+// process is gone. A process that ignores SIGTERM that long fails the test.
+func (c *cluster) signal(i int, sig syscall.Signal) {
+	m := c.members[i]
+	c.mu.Lock()
+	cmd, exited := m.cmd, m.exited
+	if cmd == nil {
+		c.mu.Unlock()
+		return
+	}
+	stops := sig == syscall.SIGKILL || sig == syscall.SIGTERM
+	if stops {
+		m.expectExit, m.cmd = true, nil
+		if m.paused { // a stopped process would not act on SIGTERM
+			_ = cmd.Process.Signal(syscall.SIGCONT)
+		}
+		m.paused = false
+	}
+	switch sig {
+	case syscall.SIGSTOP:
+		m.paused = true
+	case syscall.SIGCONT:
+		m.paused = false
+	}
+	c.mu.Unlock()
+	_ = cmd.Process.Signal(sig)
+	if !stops {
+		return
+	}
+	select {
+	case <-exited:
+	case <-time.After(15 * time.Second):
+		_ = cmd.Process.Signal(syscall.SIGKILL)
+		<-exited
+		c.t.Errorf("%s did not stop within 15 s of %v", m.name, sig)
+	}
+}
+
+func (c *cluster) kill(i int)   { c.signal(i, syscall.SIGKILL) }
+func (c *cluster) pause(i int)  { c.signal(i, syscall.SIGSTOP) }
+func (c *cluster) resume(i int) { c.signal(i, syscall.SIGCONT) }
+
+// running reports whether member i is up and not paused.
+func (c *cluster) running(i int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.members[i].cmd != nil && !c.members[i].paused
+}
+
+// pids maps every running process to its member's index (for the proxy).
+func (c *cluster) pids() map[int]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[int]int{}
+	for i, m := range c.members {
+		if m.cmd != nil {
+			out[m.cmd.Process.Pid] = i
+		}
+	}
+	return out
+}
+
+// heal ends every fault: resumes paused members, starts stopped ones, and lifts partitions.
+func (c *cluster) heal() {
+	c.proxy.heal()
+	for i, m := range c.members {
+		c.mu.Lock()
+		down, paused := m.cmd == nil, m.paused
+		c.mu.Unlock()
+		if paused {
+			c.resume(i)
+		}
+		if down {
+			c.start(i)
+		}
+	}
+}
+
+// checkCrashes fails the test if a member exited without being killed or stopped.
+func (c *cluster) checkCrashes() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, s := range c.crashed {
+		c.t.Errorf("%s; logs in %s", s, c.root)
+	}
+	c.crashed = nil
+}
+
+// close stops every process it started (by PID) and the proxy; the directory with data and
+// logs is removed unless the test failed.
+func (c *cluster) close() {
+	for i := range c.members {
+		c.kill(i)
+	}
+	c.checkCrashes()
+	c.proxy.close()
+	for _, cl := range c.clients {
+		cl.Close()
+	}
+	if c.t.Failed() {
+		c.t.Logf("data and logs kept in %s", c.root)
+		return
+	}
+	os.RemoveAll(c.root)
+}
+
+func (c *cluster) endpoints() []string {
+	var eps []string
+	for _, m := range c.members {
+		eps = append(eps, m.url)
+	}
+	return eps
+}
+
+// client is a client of the given endpoints with the etcd client's own retries and balancing,
+// closed with the cluster.
+func (c *cluster) client(endpoints ...string) *clientv3.Client {
+	cfg := clientv3.Config{Endpoints: endpoints, DialTimeout: 2 * time.Second, Logger: zap.NewNop()}
+	cl, err := clientv3.New(cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.mu.Lock()
+	c.clients = append(c.clients, cl)
+	c.mu.Unlock()
+	return cl
+}
+
+// leader waits (at most 20 s) until every running member names the same leader, and returns
+// that member's index.
+func (c *cluster) leader(cl *clientv3.Client) int {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) {
+		if i, ok := c.agreedLeader(cl); ok {
+			return i
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	c.t.Fatalf("no leader that every running member agrees on within 20 s; logs in %s", c.root)
+	return -1
+}
+
+func (c *cluster) agreedLeader(cl *clientv3.Client) (int, bool) {
+	ids, lead := map[uint64]int{}, uint64(0)
+	for i, m := range c.members {
+		if !c.running(i) {
+			continue
+		}
+		cx, cancel := context.WithTimeout(context.Background(), time.Second)
+		s, err := cl.Status(cx, m.url)
+		cancel()
+		if err != nil || s.Leader == 0 || (lead != 0 && s.Leader != lead) {
+			return 0, false
+		}
+		lead, ids[s.Header.MemberId] = s.Leader, i
+	}
+	i, ok := ids[lead]
+	return i, ok
+}
+
+// memberID is member i's id as it reports it.
+func (c *cluster) memberID(cl *clientv3.Client, i int) (uint64, error) {
+	cx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	s, err := cl.Status(cx, c.members[i].url)
+	if err != nil {
+		return 0, err
+	}
+	return s.Header.MemberId, nil
+}
+
+// convergence waits (at most 20 s) until every member reports the same revision and HashKV.
+func (c *cluster) convergence(cl *clientv3.Client) {
+	deadline := time.Now().Add(20 * time.Second)
+	var last string
+	for time.Now().Before(deadline) {
+		var revs []int64
+		var hashes []uint32
+		for _, m := range c.members {
+			cx, cancel := context.WithTimeout(context.Background(), time.Second)
+			s, err := cl.Status(cx, m.url)
+			if err == nil {
+				var h *clientv3.HashKVResponse
+				h, err = cl.HashKV(cx, m.url, s.Header.Revision)
+				if err == nil {
+					revs, hashes = append(revs, s.Header.Revision), append(hashes, h.Hash)
+				}
+			}
+			cancel()
+		}
+		last = fmt.Sprintf("revisions %v, hashes %v", revs, hashes)
+		if len(revs) == len(c.members) && allSame(revs) && allSame(hashes) {
+			return
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	c.t.Fatalf("members did not converge: %s", last)
+}
+
+func allSame[T comparable](xs []T) bool {
+	for _, x := range xs {
+		if x != xs[0] {
+			return false
+		}
+	}
+	return true
+}
