@@ -37,7 +37,7 @@ func run(t *testing.T, bin []string, seed int64, faults []fault) (porcupine.Chec
 	c.convergence(admin)
 	c.checkCrashes()
 	t.Logf("history: %s", h.summary())
-	t.Logf("proxy: %s", c.proxy.stats())
+	t.Logf("proxy: %s; %d snapshots sent", c.proxy.stats(), c.logLines("sent a snapshot"))
 	started := time.Now()
 	res, vis := h.check(c.root)
 	t.Logf("porcupine: %s in %v", res, time.Since(started).Round(time.Millisecond))

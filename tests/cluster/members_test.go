@@ -121,7 +121,9 @@ func (c *cluster) start(i int) {
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", advertised,
 		"--initial-cluster", c.initial, "--initial-cluster-state", "new",
 		"--initial-cluster-token", "fault-cluster",
-		"--heartbeat-interval", "50", "--election-timeout", "500")
+		"--heartbeat-interval", "50", "--election-timeout", "500",
+		// Compacting the log often makes a member that was down catch up by snapshot.
+		"--snapshot-count", "500")
 	args = append(args, c.extra...)
 	if etcdBin() != "" {
 		args = append(args, "--log-level", "warn")
@@ -350,6 +352,16 @@ func (c *cluster) convergence(cl *clientv3.Client) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	c.t.Fatalf("members did not converge: %s", last)
+}
+
+// logLines counts the lines of every member's log that contain s.
+func (c *cluster) logLines(s string) int {
+	n := 0
+	for _, m := range c.members {
+		data, _ := os.ReadFile(filepath.Join(c.root, m.name+".log"))
+		n += strings.Count(string(data), s)
+	}
+	return n
 }
 
 func allSame[T comparable](xs []T) bool {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use cairn_raft::{Message, NodeId};
+use cairn_raft::{Message, MessageBody, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
@@ -249,8 +249,17 @@ impl Snapshots {
         let Some(addrs) = self.addrs.get(&to).cloned() else { return };
         let link = self.link.clone();
         rt.spawn(async move {
+            let (index, bytes) = match &msg.body {
+                MessageBody::Snapshot { snapshot } => (snapshot.meta.index.0, snapshot.data.len()),
+                _ => (0, 0),
+            };
+            let started = std::time::Instant::now();
             let delivered = match send_snapshot(&link, &addrs, msg).await {
-                Ok(()) => true,
+                Ok(()) => {
+                    let took = started.elapsed();
+                    tracing::info!(peer = %hex(to), index, bytes, ?took, "sent a snapshot");
+                    true
+                }
                 Err(e) => {
                     tracing::warn!(peer = %hex(to), "sending a snapshot failed: {e}");
                     false
