@@ -79,6 +79,47 @@ def fdatasync_latency():
     return {"p50_us": round(lat[150]), "p99_us": round(lat[296])}
 
 
+def quorum_fdatasync_latency(members, rounds=300):
+    """The disk floor of a replicated write when every member shares this machine's disk: each
+    round, `members` threads append 256 B to files of their own and fdatasync at the same moment
+    (as a leader and its followers do for one entry); the round's latency is when a majority of
+    them are done, which is the earliest a cluster can commit."""
+    import threading
+    quorum = members // 2 + 1
+    files = [tempfile.mkstemp(dir=ROOT) for _ in range(members)]
+    start = threading.Barrier(members + 1)
+    done = [[0.0] * rounds for _ in range(members)]
+
+    def writer(i):
+        fd = files[i][0]
+        for r in range(rounds):
+            start.wait()
+            os.write(fd, b"x" * 256)
+            os.fdatasync(fd)
+            done[i][r] = time.perf_counter()
+
+    threads = [threading.Thread(target=writer, args=(i,), daemon=True) for i in range(members)]
+    for t in threads:
+        t.start()
+    lat = []
+    try:
+        for r in range(rounds):
+            t0 = time.perf_counter()
+            start.wait()
+            # The next round's barrier waits for every writer, so all are done by then.
+            while any(done[i][r] == 0.0 for i in range(members)):
+                time.sleep(0.0001)
+            lat.append((sorted(done[i][r] for i in range(members))[quorum - 1] - t0) * 1e6)
+    finally:
+        for t in threads:
+            t.join(timeout=10)
+        for fd, path in files:
+            os.close(fd)
+            os.remove(path)
+    lat.sort()
+    return {"p50_us": round(lat[rounds // 2]), "p99_us": round(lat[rounds * 99 // 100])}
+
+
 def rss_kib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -568,6 +609,7 @@ def run_cluster(a, etcd, etcd_version):
     n, rounds = a.members, 1 if a.quick else a.rounds
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before, tcp = fdatasync_latency(), tcp_round_trip()
+    fs_before["quorum"] = quorum_fdatasync_latency(n)
     results, rtt = {}, {}  # (row, system) -> list of result dicts; system -> list of results
     resources = {"etcd": [], "cairn": []}
     t0 = time.time()
@@ -600,6 +642,7 @@ def run_cluster(a, etcd, etcd_version):
         shutil.rmtree(work, ignore_errors=True)
     print(f"matrix took {time.time() - t0:.0f} s", file=sys.stderr)
     fs_after = fdatasync_latency()
+    fs_after["quorum"] = quorum_fdatasync_latency(n)
     write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, etcd, etcd_version, rounds)
 
 
@@ -622,6 +665,11 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
              "Floors on this machine:", "",
              f"- disk fdatasync (256 B appends): before p50 {fs_before['p50_us']} µs, p99 {fs_before['p99_us']} µs; "
              f"after p50 {fs_after['p50_us']} µs, p99 {fs_after['p99_us']} µs",
+             f"- a quorum of {n} concurrent fdatasyncs on this one disk ({n} writers append 256 B and sync at once; "
+             f"done when {n // 2 + 1} are): before p50 {fs_before['quorum']['p50_us']} µs, "
+             f"p99 {fs_before['quorum']['p99_us']} µs; after p50 {fs_after['quorum']['p50_us']} µs, "
+             f"p99 {fs_after['quorum']['p99_us']} µs. With the gRPC and peer round trips below, this bounds a "
+             f"1-client put: at best 1 / (gRPC RTT + peer RTT + quorum fdatasync) per second",
              f"- loopback TCP round trip (1-byte ping-pong, Python): p50 {tcp['p50_us']} µs, p99 {tcp['p99_us']} µs"]
     for system in ("etcd", "cairn"):
         runs = [x for x in rtt.get(system, []) if "throughput_ops" in x and not x.get("errors")]

@@ -58,6 +58,8 @@ pub(crate) struct Driver {
     tick: Duration,
     /// The peers of a cluster; a single member has none.
     transport: Option<Transport>,
+    /// The leader last published, so that a change is logged once.
+    leader: Option<(u64, u64)>,
 }
 
 impl Driver {
@@ -69,7 +71,7 @@ impl Driver {
         tick: Duration,
         transport: Option<Transport>,
     ) -> Driver {
-        Driver { replica, committer, shared, rx, tick, transport }
+        Driver { replica, committer, shared, rx, tick, transport, leader: None }
     }
 
     /// Executes what the log holds beyond the store, and elects this member at once if it is
@@ -188,9 +190,18 @@ impl Driver {
         }
     }
 
-    fn publish_status(&self) {
+    fn publish_status(&mut self) {
         let raft = self.replica.raft();
         let leader = raft.leader().map(|l| l.0);
+        let seen = leader.map(|l| (l, raft.term().0));
+        if seen != self.leader {
+            // What an operator reads first when a cluster misbehaves, as etcd logs it.
+            match seen {
+                Some((l, term)) => tracing::info!(term, "leader is {l:016x}"),
+                None => tracing::warn!(term = raft.term().0, "no leader"),
+            }
+            self.leader = seen;
+        }
         self.shared.leader.store(leader.unwrap_or(0), Ordering::Relaxed);
         self.shared.raft_term.store(raft.term().0, Ordering::Relaxed);
         let mut s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
