@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use cairn_kv::validate::DEFAULT_MAX_TXN_OPS;
 
+pub use cairn_raft::ReadMode;
+
 use crate::cluster::ClusterConfig;
 
 /// How to open an [`crate::Engine`].
@@ -39,6 +41,10 @@ pub struct EngineConfig {
     /// The cluster this member belongs to, from etcd's cluster flags. `None` (the default)
     /// runs a single member that needs no flags.
     pub cluster: Option<ClusterConfig>,
+    /// How linearizable reads are confirmed: ReadIndex (the default, etcd's only mode) costs a
+    /// heartbeat round per batch; a lease answers from the leader at once, and is safe only
+    /// while clocks drift, and processes stall, by less than the lease margin.
+    pub read_mode: ReadMode,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -58,6 +64,7 @@ impl EngineConfig {
             lmdb_map_bytes: 8 << 30,
             snapshot_entries: 10_000,
             wal_segment_bytes: 64 << 20,
+            read_mode: ReadMode::Safe,
             cluster: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,

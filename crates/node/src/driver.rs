@@ -106,7 +106,15 @@ impl Driver {
         let mut next_tick = Instant::now() + self.tick;
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
-            match self.rx.recv_timeout(wait) {
+            let first = self.rx.recv_timeout(wait);
+            // The clock before any input: a member that stalled (SIGSTOP, a VM pause) must
+            // count every tick that passed before it judges a read by its lease, or the lease
+            // would outlive itself. One tick per turn would let a queued read in first.
+            while Instant::now() >= next_tick {
+                self.replica.handle_tick();
+                next_tick += self.tick;
+            }
+            match first {
                 Ok(input) => {
                     if !self.accept(input)? {
                         return Ok(());
@@ -120,10 +128,6 @@ impl Driver {
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
-            }
-            if Instant::now() >= next_tick {
-                self.replica.handle_tick();
-                next_tick += self.tick;
             }
             self.turn()?;
         }

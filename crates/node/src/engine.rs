@@ -58,6 +58,7 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     raft.election_timeout_ticks = cfg.election_ticks;
     raft.heartbeat_interval_ticks = cfg.heartbeat_ticks;
     raft.seed = id;
+    raft.read_mode = cfg.read_mode;
     let mut rc = ReplicaConfig::new(raft);
     rc.request_timeout_ticks = cfg.request_timeout_ticks();
     rc.snapshot_entries = cfg.snapshot_entries;

@@ -51,7 +51,7 @@ mod waiters;
 
 #[cfg(feature = "planted-bugs")]
 pub use config::ReplicaBug;
-pub use config::{EngineConfig, ReplicaConfig};
+pub use config::{EngineConfig, ReadMode, ReplicaConfig};
 pub use engine::Engine;
 pub use error::{EngineError, OpenError, StopCause, StorageError};
 pub use ids::{RequestId, RequestIds};

@@ -76,6 +76,11 @@ struct ServeArgs {
     /// Applied entries between compactions of the Raft log (etcd 3.6's default: 10,000).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_count: u64,
+    /// How linearizable reads are confirmed: `read-index` (etcd's way: one heartbeat round
+    /// per batch of reads) or `lease` (the leader answers at once while its lease holds; safe
+    /// only while clock drift and process stalls stay under the lease margin of two ticks).
+    #[arg(long, default_value = "read-index", value_parser = ["read-index", "lease"])]
+    read_mode: String,
     /// A deliberate bug, to prove the fault tests catch it (builds with `planted-bugs` only).
     #[cfg(feature = "planted-bugs")]
     #[arg(long, value_parser = ["read-without-index"])]
@@ -97,6 +102,9 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.max_txn_ops = a.max_txn_ops;
     engine.lmdb_map_bytes = a.quota_backend_bytes;
     engine.snapshot_entries = a.snapshot_count;
+    if a.read_mode == "lease" {
+        engine.read_mode = cairn_node::ReadMode::Lease;
+    }
     // etcd's request timeout: 5 s plus two election timeouts.
     engine.request_timeout = std::time::Duration::from_millis(5000 + 2 * a.election_timeout);
     if let Some(initial) = &a.initial_cluster {
