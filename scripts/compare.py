@@ -288,7 +288,12 @@ def summarize(results, row, system):
     failed = any(x.get("errors", 0) > 0 or "error" in x for x in results.get((row, system), []))
     if not runs or failed:
         return None
-    return {"ops": median([x["throughput_ops"] for x in runs]), "p99": median([x["latency_us"]["p99"] for x in runs])}
+    out = {"ops": median([x["throughput_ops"] for x in runs]), "p99": median([x["latency_us"]["p99"] for x in runs])}
+    cpu = [x["server_cpu_us"] + x["client_cpu_us"] for x in runs if "server_cpu_us" in x]
+    if cpu:
+        out["cpu_us"] = median(cpu)
+        out["server_cpu_us"] = median([x["server_cpu_us"] for x in runs if "server_cpu_us" in x])
+    return out
 
 
 def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds):
@@ -520,7 +525,7 @@ def tcp_round_trip(n=5000):
 class Cluster:
     """N members of one system on loopback ports, fresh data dirs, each stopped by its PID."""
 
-    def __init__(self, system, binary, work, n):
+    def __init__(self, system, binary, work, n, extra=()):
         self.system = system
         used, ports = set(), []
         while len(ports) < 2 * n:
@@ -539,7 +544,7 @@ class Cluster:
         try:
             for name, ep, peer in zip(self.names, self.endpoints, peers):
                 url = f"http://{ep}"
-                cmd = ([binary, "serve"] if system == "cairn" else [binary]) + [
+                cmd = ([binary, "serve"] if system.startswith("cairn") else [binary]) + list(extra) + [
                     "--name", name, "--data-dir", os.path.join(self.base, name),
                     "--listen-client-urls", url, "--advertise-client-urls", url,
                     "--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer,
@@ -605,6 +610,57 @@ class Cluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def measured_cpu(cl, run):
+    """Runs one row and adds what it cost in CPU: the members' (all of them) and the bench
+    clients', in µs per successful request."""
+    import resource
+    before = sum(cpu_seconds(p.pid) for p in cl.procs)
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client_before = ru.ru_utime + ru.ru_stime
+    res = run()
+    server = sum(cpu_seconds(p.pid) for p in cl.procs) - before
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    client = ru.ru_utime + ru.ru_stime - client_before
+    ops = res.get("ok", 0)
+    if ops:
+        res["server_cpu_us"], res["client_cpu_us"] = server * 1e6 / ops, client * 1e6 / ops
+    return res
+
+
+# cairn with linearizable reads by lease: the matrix's linearizable read rows only.
+LEASE_ROWS = [(row.replace("C-R-l", "C-R-lease"), where, args) for row, where, args in CLUSTER_MATRIX
+              if row.startswith("C-R-l ")]
+
+
+def run_system_round(a, r, system, binary, work, results, rtt, resources):
+    n = a.members
+    extra = ["--read-mode", "lease"] if system == "cairn-lease" else []
+    cl = Cluster(system, binary, work, n, extra)
+    print(f"round {r + 1} {system:5} {n} members up in {cl.start_ms:.0f} ms, leader {cl.leader}", file=sys.stderr)
+    try:
+        subprocess.run([CAIRN, "bench", "--endpoints", ",".join(cl.endpoints), "--target-leader",
+                        "--total", "1", "put"], capture_output=True, timeout=60)
+        for row, where, args in (LEASE_ROWS if system == "cairn-lease" else CLUSTER_MATRIX):
+            res = measured_cpu(cl, lambda: (bench_leader if where == "leader" else bench_spread)(
+                cl.endpoints, args, a.quick))
+            results.setdefault((row, system), []).append(res)
+            print(f"round {r + 1} {system:5} {row:32} {res.get('throughput_ops', 0):10.0f} ops/s"
+                  f" p99 {res.get('latency_us', {}).get('p99', '-')} µs errors {res.get('errors', '-')}"
+                  f" via {res.get('endpoints_used')} {res.get('error', '')}", file=sys.stderr)
+        if system == "cairn-lease":
+            return
+        leader = cl.leader_now() or cl.leader
+        res = run_benches([[CAIRN, "bench", "--endpoints", leader, "--json"]
+                           + (scale_quick(GRPC_RTT) if a.quick else GRPC_RTT)])[0]
+        rtt.setdefault(system, []).append(res)
+        resources[system].append({
+            "start_ms": cl.start_ms, "leader": cl.names[cl.endpoints.index(leader)],
+            "idle_rss_kib": cl.idle_rss, "loaded_rss_kib": [rss_kib(p.pid) for p in cl.procs],
+            "leader_changed": leader != cl.leader})
+    finally:
+        cl.stop()
+
+
 def run_cluster(a, etcd, etcd_version):
     n, rounds = a.members, 1 if a.quick else a.rounds
     work = tempfile.mkdtemp(prefix="cairn-compare-")
@@ -615,29 +671,9 @@ def run_cluster(a, etcd, etcd_version):
     t0 = time.time()
     try:
         for r in range(rounds):
-            order = ["etcd", "cairn"] if r % 2 == 0 else ["cairn", "etcd"]
+            order = ["etcd", "cairn", "cairn-lease"] if r % 2 == 0 else ["cairn-lease", "cairn", "etcd"]
             for system in order:
-                cl = Cluster(system, etcd if system == "etcd" else CAIRN, work, n)
-                print(f"round {r + 1} {system:5} {n} members up in {cl.start_ms:.0f} ms, leader {cl.leader}", file=sys.stderr)
-                try:
-                    subprocess.run([CAIRN, "bench", "--endpoints", ",".join(cl.endpoints), "--target-leader",
-                                    "--total", "1", "put"], capture_output=True, timeout=60)
-                    for row, where, args in CLUSTER_MATRIX:
-                        res = (bench_leader if where == "leader" else bench_spread)(cl.endpoints, args, a.quick)
-                        results.setdefault((row, system), []).append(res)
-                        print(f"round {r + 1} {system:5} {row:32} {res.get('throughput_ops', 0):10.0f} ops/s"
-                              f" p99 {res.get('latency_us', {}).get('p99', '-')} µs errors {res.get('errors', '-')}"
-                              f" via {res.get('endpoints_used')} {res.get('error', '')}", file=sys.stderr)
-                    leader = cl.leader_now() or cl.leader
-                    res = run_benches([[CAIRN, "bench", "--endpoints", leader, "--json"]
-                                       + (scale_quick(GRPC_RTT) if a.quick else GRPC_RTT)])[0]
-                    rtt.setdefault(system, []).append(res)
-                    resources[system].append({
-                        "start_ms": cl.start_ms, "leader": cl.names[cl.endpoints.index(leader)],
-                        "idle_rss_kib": cl.idle_rss, "loaded_rss_kib": [rss_kib(p.pid) for p in cl.procs],
-                        "leader_changed": leader != cl.leader})
-                finally:
-                    cl.stop()
+                run_system_round(a, r, system, etcd if system == "etcd" else CAIRN, work, results, rtt, resources)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     print(f"matrix took {time.time() - t0:.0f} s", file=sys.stderr)
@@ -680,16 +716,27 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
                          f"{median([x['throughput_ops'] for x in runs]):.0f} ops/s")
         else:
             lines.append(f"- gRPC round trip to {system}: failed")
-    lines += ["", "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs |",
-              "| --- | ---: | ---: | ---: | ---: | ---: |"]
+    cores = os.cpu_count()
+    lines += ["", f"CPU µs/req is what the {n} members and the bench clients together spent per successful "
+              f"request (server part in brackets); the CPU floor is {cores} cores divided by it, the most a row "
+              f"can do on this machine at that cost.", "",
+              "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs "
+              "| etcd CPU µs/req | cairn CPU µs/req | cairn CPU floor ops/s |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ratios = []
-    for row, _, _ in CLUSTER_MATRIX:
-        e, c = summarize(results, row, "etcd"), summarize(results, row, "cairn")
-        cell = lambda s, k, fmt="{:.0f}": fmt.format(s[k]) if s else "failed"
+    cell = lambda s, k, fmt="{:.0f}": fmt.format(s[k]) if s and k in s else "n/a" if s else "failed"
+    cpu = lambda s: f"{s['cpu_us']:.0f} ({s['server_cpu_us']:.0f})" if s and "cpu_us" in s else "n/a"
+    floor = lambda s: f"{cores * 1e6 / s['cpu_us']:.0f}" if s and s.get("cpu_us") else "n/a"
+    for row, _, _ in CLUSTER_MATRIX + LEASE_ROWS:
+        lease = row.startswith("C-R-lease")
+        e = summarize(results, row.replace("C-R-lease", "C-R-l"), "etcd")
+        c = summarize(results, row, "cairn-lease" if lease else "cairn")
         ratio = f"{c['ops'] / e['ops']:.2f}" if e and c else "n/a"
         if e and c:
             ratios.append((row, c["ops"] / e["ops"]))
-        lines.append(f"| {row} | {cell(e, 'ops')} | {cell(c, 'ops')} | {ratio} | {cell(e, 'p99')} | {cell(c, 'p99')} |")
+        shown = row + (" (cairn `--read-mode lease`; etcd: its ReadIndex row)" if lease else "")
+        lines.append(f"| {shown} | {cell(e, 'ops')} | {cell(c, 'ops')} | {ratio} | {cell(e, 'p99')} "
+                     f"| {cell(c, 'p99')} | {cpu(e)} | {cpu(c)} | {floor(c)} |")
     failures = [(row, s, x["error"]) for (row, s), xs in results.items() for x in xs if "error" in x]
     failures += [(row, s, f"{x['errors']} failed requests") for (row, s), xs in results.items() for x in xs if x.get("errors")]
     if failures:
