@@ -129,14 +129,19 @@ func (h *history) add(client int, in kvInput, call int64, out kvOutput) {
 	h.mu.Unlock()
 }
 
-// operations returns the history without the writes of unknown outcome that nothing observed.
-// Dropping them is exact for this model with unique values: if such a write took effect, no
-// read and no compare saw its value, so the history is linearizable with it iff without it.
-// Without this, each pending write multiplies the states porcupine has to explore.
+// operations returns the history without the writes of unknown outcome that no later
+// operation can have depended on. A write of value v (values are unique) on key k is dropped
+// when no read returned v, no compare-and-swap compared k against v, and no compare-and-swap
+// on k that was called after the write began failed. Then, wherever the write might have taken
+// effect, nothing saw the state it made, so the history is linearizable with it iff without it.
+// (A failed compare-and-swap does see it: "not what I expected" may be v. Leaving that
+// condition out once made a correct history fail.) Without this pruning, each pending write
+// multiplies the states porcupine has to explore.
 func (h *history) operations() []porcupine.Operation {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	seen := map[string]bool{}
+	lastFailedCAS := map[string]int64{} // per key, the latest call time of a failed compare
 	for _, op := range h.ops {
 		in, out := op.Input.(kvInput), op.Output.(kvOutput)
 		switch in.kind {
@@ -144,17 +149,43 @@ func (h *history) operations() []porcupine.Operation {
 			seen[in.key+"\x00"+out.value] = true
 		case opCAS:
 			seen[in.key+"\x00"+in.expect] = true
+			if !out.unknown && !out.ok && op.Call > lastFailedCAS[in.key] {
+				lastFailedCAS[in.key] = op.Call
+			}
 		}
 	}
 	var kept []porcupine.Operation
 	for _, op := range h.ops {
 		in, out := op.Input.(kvInput), op.Output.(kvOutput)
-		if out.unknown && in.kind != opGet && !seen[in.key+"\x00"+in.value] {
-			continue
+		droppable := out.unknown && in.kind != opGet && !seen[in.key+"\x00"+in.value] &&
+			lastFailedCAS[in.key] < op.Call
+		if !droppable {
+			kept = append(kept, op)
 		}
-		kept = append(kept, op)
 	}
 	return kept
+}
+
+// save writes the whole history, pruned operations included, as JSON lines, so that a failed
+// run can be checked again and examined.
+func (h *history) save(path string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	for _, op := range h.ops {
+		in, out := op.Input.(kvInput), op.Output.(kvOutput)
+		_, err := fmt.Fprintf(f, "{\"client\":%d,\"call\":%d,\"return\":%d,\"kind\":%d,\"key\":%q,"+
+			"\"value\":%q,\"expect\":%q,\"out_value\":%q,\"ok\":%v,\"unknown\":%v}\n",
+			op.ClientId, op.Call, op.Return, in.kind, in.key, in.value, in.expect, out.value, out.ok, out.unknown)
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // summary counts what a run did, for the log.
@@ -187,6 +218,7 @@ func (h *history) check(dir string) (porcupine.CheckResult, string) {
 	if res != porcupine.Illegal {
 		return res, ""
 	}
+	_ = h.save(filepath.Join(dir, "history.jsonl"))
 	path := filepath.Join(dir, "history.html")
 	f, err := os.Create(path)
 	if err != nil {
