@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use cairn_raft::{Message, MessageBody, NodeId};
+use cairn_raft::{EntryPayload, Message, MessageBody, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
@@ -26,9 +26,36 @@ const SNAPSHOT_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// A dead peer is retried this often at most: within an election timeout of its return.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
-/// Messages written in one frame at most; enough to amortize the syscall, small enough that
-/// a frame of appends stays within a few MiB.
+/// Messages taken from the queue for one write at most; enough to amortize the syscall.
 const MAX_BATCH: usize = 256;
+/// A frame is closed once it holds this much entry data, so that a burst of large appends
+/// never makes a frame the receiver refuses (64 MiB by default): 256 appends of 1 MiB would.
+const FRAME_DATA_TARGET: usize = 4 << 20;
+
+/// Encodes `msgs` as frames of at most about [`FRAME_DATA_TARGET`] of entry data each (one
+/// message larger than that gets a frame of its own).
+fn encode_frames(msgs: &[Message], out: &mut Vec<u8>) {
+    let mut start = 0;
+    let mut data = 0;
+    for (i, m) in msgs.iter().enumerate() {
+        let size = match &m.body {
+            MessageBody::Append { entries, .. } => entries
+                .iter()
+                .map(|e| match &e.payload {
+                    EntryPayload::Normal(b) => b.len(),
+                    EntryPayload::ConfChange(_) => 64,
+                })
+                .sum(),
+            _ => 0,
+        };
+        if i > start && data + size > FRAME_DATA_TARGET {
+            codec::encode_batch(&msgs[start..i], out);
+            (start, data) = (i, 0);
+        }
+        data += size;
+    }
+    codec::encode_batch(&msgs[start..], out);
+}
 
 /// What every outgoing connection needs to introduce itself and report.
 #[derive(Clone)]
@@ -173,7 +200,7 @@ impl Writer {
                 }
             }
             buf.clear();
-            codec::encode_batch(&batch, &mut buf);
+            encode_frames(&batch, &mut buf);
             batch.clear();
             conn.write_all(&buf).await?;
             self.reported.store(false, Ordering::Relaxed);
