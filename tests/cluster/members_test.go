@@ -241,6 +241,31 @@ func (c *cluster) heal() {
 	}
 }
 
+// awaitExit waits (at most `within`) for member i to exit on its own, as it must after a
+// fatal error, and takes it off the list of crashes. False if it is still running.
+func (c *cluster) awaitExit(i int, within time.Duration) bool {
+	m := c.members[i]
+	c.mu.Lock()
+	exited := m.exited
+	c.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(within):
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	m.cmd = nil
+	kept := c.crashed[:0]
+	for _, s := range c.crashed {
+		if !strings.HasPrefix(s, m.name+" ") {
+			kept = append(kept, s)
+		}
+	}
+	c.crashed = kept
+	return true
+}
+
 // checkCrashes fails the test if a member exited without being killed or stopped.
 func (c *cluster) checkCrashes() {
 	c.mu.Lock()
@@ -336,12 +361,17 @@ func (c *cluster) memberID(cl *clientv3.Client, i int) (uint64, error) {
 
 // convergence waits (at most 20 s) until every member reports the same revision and HashKV.
 func (c *cluster) convergence(cl *clientv3.Client) {
+	c.convergenceOf(cl, c.members)
+}
+
+// convergenceOf is convergence among the given members only.
+func (c *cluster) convergenceOf(cl *clientv3.Client, members []*member) {
 	deadline := time.Now().Add(20 * time.Second)
 	var last string
 	for time.Now().Before(deadline) {
 		var revs []int64
 		var hashes []uint32
-		for _, m := range c.members {
+		for _, m := range members {
 			cx, cancel := context.WithTimeout(context.Background(), time.Second)
 			s, err := cl.Status(cx, m.url)
 			if err == nil {
@@ -354,7 +384,7 @@ func (c *cluster) convergence(cl *clientv3.Client) {
 			cancel()
 		}
 		last = fmt.Sprintf("revisions %v, hashes %v", revs, hashes)
-		if len(revs) == len(c.members) && allSame(revs) && allSame(hashes) {
+		if len(revs) == len(members) && allSame(revs) && allSame(hashes) {
 			return
 		}
 		time.Sleep(100 * time.Millisecond)

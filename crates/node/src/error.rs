@@ -73,6 +73,10 @@ pub enum StorageError {
     SnapshotMissing { index: LogIndex },
     /// The thread that commits the store is gone.
     CommitterGone,
+    /// The leader knows this member acknowledged entries up to `commit`, but its log ends at
+    /// `last`: its data was rolled back. Serving on would risk applying entries the cluster
+    /// never committed.
+    LogLost { last: LogIndex, commit: LogIndex },
 }
 
 /// Why [`crate::Engine::open`] failed.
@@ -173,6 +177,10 @@ impl fmt::Display for StorageError {
                 write!(f, "the snapshot at index {index} arrived without a matching image")
             }
             StorageError::CommitterGone => f.write_str("the store's committer stopped"),
+            StorageError::LogLost { last, commit } => write!(
+                f,
+                "the leader knows this member acknowledged entries up to index {commit}, but its log ends at {last}: its data directory lost entries (restored from an older copy?). Stopping rather than serve it; remove the member and add it back with an empty data directory"
+            ),
         }
     }
 }

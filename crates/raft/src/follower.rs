@@ -14,8 +14,14 @@ impl Raft {
             }
             MessageBody::Heartbeat { commit, seq } => {
                 self.heard_from_leader(&msg.from);
-                // The leader sends at most our known match index, which is in our log.
-                self.log.commit_to(commit.min(self.log.last_index()));
+                // The leader sends at most the index we acknowledged. Beyond our log, we lost
+                // acknowledged entries: committing what we hold instead could apply entries
+                // the leader never had, so we answer nothing and report it.
+                if commit > self.log.last_index() {
+                    self.lost_log = Some((self.log.last_index(), commit));
+                    return;
+                }
+                self.log.commit_to(commit);
                 self.send(msg.from, self.term, MessageBody::HeartbeatResp { seq });
             }
             MessageBody::Snapshot { snapshot } => {

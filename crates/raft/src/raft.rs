@@ -117,6 +117,9 @@ pub struct Raft {
     pub(crate) durable_term: Term,
     pub(crate) last_soft: (Role, Option<NodeId>),
     pub(crate) pending_ready: Option<ReadyMark>,
+    /// Set when a leader names a commit index beyond this log: entries this node acknowledged
+    /// are gone (its data was rolled back). `(last index here, the leader's commit)`.
+    pub(crate) lost_log: Option<(LogIndex, LogIndex)>,
 }
 
 impl Raft {
@@ -160,6 +163,7 @@ impl Raft {
             durable_term: hard_state.term,
             last_soft: (Role::Follower, None),
             pending_ready: None,
+            lost_log: None,
             cfg,
         };
         raft.reset_randomized_election_timeout();
@@ -320,6 +324,16 @@ impl Raft {
 
     pub fn term(&self) -> Term {
         self.term
+    }
+
+    /// `Some((last, commit))` once a leader told this node of a commit index (`commit`) beyond
+    /// its last entry (`last`). A leader only names what the node acknowledged, so the node lost
+    /// acknowledged entries (a data directory restored from an older copy, a disk that lied about
+    /// a sync). The node then ignores heartbeats rather than commit entries the leader may never
+    /// have had; its driver must stop it and say why (etcd panics with "tocommit(..) is out of
+    /// range").
+    pub fn lost_log(&self) -> Option<(LogIndex, LogIndex)> {
+        self.lost_log
     }
 
     pub fn role(&self) -> Role {

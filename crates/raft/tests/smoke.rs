@@ -104,3 +104,28 @@ fn a_leader_that_steps_down_with_a_broadcast_pending_quiesces() {
     }
     panic!("a follower keeps reporting a Ready with nothing in it");
 }
+
+/// A follower whose data was rolled back (restored from an older copy) hears a leader name a
+/// commit index beyond its log, which it must have acknowledged: it reports the loss, answers
+/// nothing and commits nothing, rather than commit entries the leader may never have had.
+#[test]
+fn a_heartbeat_beyond_the_log_reports_a_lost_log() {
+    use cairn_raft::testkit::{MemNode, MemStorage};
+    use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, Term};
+    let mut n = MemNode::new(cfg(NodeId(2)), MemStorage::default());
+    let beat = |commit| Message {
+        from: NodeId(1),
+        to: NodeId(2),
+        term: Term(3),
+        body: MessageBody::Heartbeat { commit: LogIndex(commit), seq: HeartbeatSeq(1) },
+    };
+    n.raft.step(beat(0));
+    let answered = n.handle_ready().unwrap_or_default();
+    assert!(answered.iter().any(|m| matches!(m.body, MessageBody::HeartbeatResp { .. })));
+    assert_eq!(n.raft.lost_log(), None);
+    n.raft.step(beat(1505));
+    assert_eq!(n.raft.lost_log(), Some((LogIndex(0), LogIndex(1505))));
+    let answered = n.handle_ready().unwrap_or_default();
+    assert!(answered.is_empty(), "answered {answered:?}");
+    assert_eq!(n.raft.commit_index(), LogIndex(0));
+}

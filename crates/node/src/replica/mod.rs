@@ -354,6 +354,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         &mut self,
         early: &mut dyn FnMut(&mut Vec<Message>),
     ) -> Result<(), StorageError> {
+        if let Some((last, commit)) = self.raft.lost_log() {
+            return Err(StorageError::LogLost { last, commit });
+        }
         self.propose_incoming();
         while self.raft.has_ready() {
             let rd = self.raft.ready();
