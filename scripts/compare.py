@@ -11,8 +11,11 @@ time and binary size. Everything it starts is stopped; every run is bounded in t
 With --members N (3 or 5) it starts an N-member cluster of each system instead (free loopback
 ports, fresh data dirs, waits for a leader with `etcdctl endpoint status`), runs the cluster matrix
 (puts to the leader; linearizable and serializable ranges spread over every member), and writes
-bench/results/<date>-<N>members.md with the floors beside it (fdatasync, loopback TCP and gRPC round
-trips) and each member's RSS.
+bench/results/<date>-<N>members.md with the floors beside it (fdatasync alone and a quorum of
+concurrent ones on this one disk, loopback TCP and gRPC round trips, CPU per request) and each
+member's RSS; cairn also runs the linearizable reads with `--read-mode lease`.
+
+$CAIRN_BIN picks the cairn binary (default: target/release/cairn).
 
     python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
     python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
@@ -36,7 +39,7 @@ import time
 import urllib.request
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CAIRN = os.path.join(ROOT, "target", "release", "cairn")
+CAIRN = os.environ.get("CAIRN_BIN") or os.path.join(ROOT, "target", "release", "cairn")
 PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 ETCD_BUILT = "/opt/etcd-peers/v3.5.17"
 
@@ -303,7 +306,7 @@ def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, e
     md_path, png_path = os.path.join(out_dir, f"{day}.md"), os.path.join(out_dir, f"{day}.png")
     lines = [f"# cairn vs etcd, {day}", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; "
-             f"loopback, single member each, fsync on. etcd: {etcd_version} (`{etcd}`); cairn: `target/release/cairn`.",
+             f"loopback, single member each, fsync on. etcd: {etcd_version} (`{etcd}`); cairn: `{CAIRN}`.",
              f"Medians of {rounds} rounds; each round starts both systems fresh, alternating which goes first. "
              f"Client: `cairn bench` (key 8 B, value 256 B unless the row says otherwise).",
              f"Raw fdatasync before: p50 {fs_before['p50_us']} µs, p99 {fs_before['p99_us']} µs; "
@@ -692,7 +695,7 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
     lines = [f"# cairn vs etcd, {n}-member clusters, {day}", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; "
              f"all {n} members of a cluster on this machine, on loopback, fsync on. "
-             f"etcd: {etcd_version} (`{etcd}`); cairn: `target/release/cairn`.",
+             f"etcd: {etcd_version} (`{etcd}`); cairn: `{CAIRN}`.",
              f"Medians of {rounds} rounds; each round starts both clusters fresh (new data dirs), alternating which "
              f"goes first. Client: `cairn bench` (key 8 B, value 256 B). \"leader\" rows send every request to the "
              f"leader (`--target-leader`); \"all\" rows split clients, connections and requests evenly over the {n} "
