@@ -2,8 +2,9 @@
 //!
 //! The history is a map from [`RevisionId`] to an encoded [`Record`]: every change ever made, until
 //! compaction removes what no read can see. [`Meta`] holds the applied Raft index and the current
-//! and compacted revisions; a [`WriteBatch`] commits records and meta atomically, which is what
-//! lets a restart replay the Raft log from exactly `applied_index + 1`.
+//! and compacted revisions; beside them, each member's published [`MemberAttributes`], by member
+//! id. A [`WriteBatch`] commits records, attributes and meta atomically, which is what lets a
+//! restart replay the Raft log from exactly `applied_index + 1`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -11,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BufMut, Bytes};
 
-use crate::types::{LeaseId, Revision, RevisionId};
+use crate::types::{LeaseId, MemberAttributes, Revision, RevisionId};
 
 /// A backend failure. The node must stop: the store cannot know what was written.
 #[derive(Clone, Debug)]
@@ -122,6 +123,58 @@ impl Record {
     }
 }
 
+impl MemberAttributes {
+    /// `name_len u32 | name | url_count u32 | (url_len u32 | url)*` (big endian), the value a
+    /// backend stores under the member's id.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(8 + self.name.len() + 32 * self.client_urls.len());
+        put_str(&mut out, &self.name);
+        out.put_u32(self.client_urls.len() as u32);
+        for url in &self.client_urls {
+            put_str(&mut out, url);
+        }
+        out
+    }
+
+    pub fn decode(mut raw: &[u8]) -> Result<MemberAttributes, BackendError> {
+        let name = get_str(&mut raw)?;
+        if raw.len() < 4 {
+            return Err(BackendError::Corrupt("member attributes cut short"));
+        }
+        let count = raw.get_u32() as usize;
+        // Each URL takes at least its length: a count beyond the bytes left is corrupt, and
+        // must not size an allocation.
+        if count > raw.len() / 4 {
+            return Err(BackendError::Corrupt("member attributes cut short"));
+        }
+        let client_urls = (0..count).map(|_| get_str(&mut raw)).collect::<Result<_, _>>()?;
+        if !raw.is_empty() {
+            return Err(BackendError::Corrupt("bytes after member attributes"));
+        }
+        Ok(MemberAttributes { name, client_urls })
+    }
+}
+
+/// Strings are far below 4 GiB (a request is limited to a few MiB), so the length fits.
+fn put_str(out: &mut Vec<u8>, s: &str) {
+    out.put_u32(s.len() as u32);
+    out.put_slice(s.as_bytes());
+}
+
+fn get_str(raw: &mut &[u8]) -> Result<String, BackendError> {
+    if raw.len() < 4 {
+        return Err(BackendError::Corrupt("member attributes cut short"));
+    }
+    let n = raw.get_u32() as usize;
+    if raw.len() < n {
+        return Err(BackendError::Corrupt("member attributes cut short"));
+    }
+    let s = String::from_utf8(raw[..n].to_vec())
+        .map_err(|_| BackendError::Corrupt("member attributes not UTF-8"))?;
+    raw.advance(n);
+    Ok(s)
+}
+
 /// The 12-byte big-endian storage key of a revision, so byte order is revision order.
 pub fn revision_key(rev: RevisionId) -> [u8; 12] {
     let mut k = [0u8; 12];
@@ -165,6 +218,9 @@ impl Default for Meta {
 pub struct WriteBatch {
     pub puts: Vec<(RevisionId, Vec<u8>)>,
     pub deletes: Vec<RevisionId>,
+    /// Members' attributes ([`MemberAttributes::encode`]) by member id, each replacing what was
+    /// stored for that member; in order, so a later one for the same member wins.
+    pub members: Vec<(u64, Vec<u8>)>,
     pub meta: Option<Meta>,
 }
 
@@ -178,6 +234,8 @@ pub trait BackendView {
         visit: &mut dyn FnMut(RevisionId, Record) -> bool,
     ) -> Result<(), BackendError>;
     fn meta(&self) -> Result<Meta, BackendError>;
+    /// Every member's published attributes, by member id.
+    fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -187,9 +245,10 @@ pub trait Backend: Send + Sync {
         Self: 'a;
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
-    /// Replaces the whole history with `batch.puts` and sets `batch.meta` (if given), atomically:
-    /// a reader or a crash sees the old contents or the new, never a mix. `batch.deletes` has
-    /// nothing left to delete and is ignored. Installing a snapshot image uses it.
+    /// Replaces the whole history with `batch.puts` and every member's attributes with
+    /// `batch.members`, and sets `batch.meta` (if given), atomically: a reader or a crash sees
+    /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
+    /// is ignored. Installing a snapshot image uses it.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Makes every commit so far durable. The WAL may be compacted only up to what this covers.
     fn sync(&self) -> Result<(), BackendError>;
@@ -200,18 +259,22 @@ pub trait Backend: Send + Sync {
 /// An in-memory backend, for tests and for an embedded engine that needs no durability.
 #[derive(Debug, Default)]
 pub struct MemBackend {
-    state: Mutex<(BTreeMap<RevisionId, Vec<u8>>, Meta)>,
+    state: Mutex<MemState>,
+}
+
+#[derive(Clone, Debug, Default)]
+struct MemState {
+    records: BTreeMap<RevisionId, Vec<u8>>,
+    members: BTreeMap<u64, Vec<u8>>,
+    meta: Meta,
 }
 
 /// A snapshot of a [`MemBackend`] (a copy: fine for tests).
 #[derive(Debug)]
-pub struct MemView {
-    records: BTreeMap<RevisionId, Vec<u8>>,
-    meta: Meta,
-}
+pub struct MemView(MemState);
 
 impl MemBackend {
-    fn lock(&self) -> MutexGuard<'_, (BTreeMap<RevisionId, Vec<u8>>, Meta)> {
+    fn lock(&self) -> MutexGuard<'_, MemState> {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -220,29 +283,30 @@ impl Backend for MemBackend {
     type View<'a> = MemView;
 
     fn view(&self) -> Result<MemView, BackendError> {
-        let s = self.lock();
-        Ok(MemView { records: s.0.clone(), meta: s.1 })
+        Ok(MemView(self.lock().clone()))
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
         let mut s = self.lock();
         for (rev, rec) in batch.puts {
-            s.0.insert(rev, rec);
+            s.records.insert(rev, rec);
         }
         for rev in batch.deletes {
-            s.0.remove(&rev);
+            s.records.remove(&rev);
         }
+        s.members.extend(batch.members);
         if let Some(meta) = batch.meta {
-            s.1 = meta;
+            s.meta = meta;
         }
         Ok(())
     }
 
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError> {
         let mut s = self.lock();
-        s.0 = batch.puts.into_iter().collect();
+        s.records = batch.puts.into_iter().collect();
+        s.members = batch.members.into_iter().collect();
         if let Some(meta) = batch.meta {
-            s.1 = meta;
+            s.meta = meta;
         }
         Ok(())
     }
@@ -252,13 +316,13 @@ impl Backend for MemBackend {
     }
 
     fn size_bytes(&self) -> u64 {
-        self.lock().0.values().map(|v| v.len() as u64 + 12).sum()
+        self.lock().records.values().map(|v| v.len() as u64 + 12).sum()
     }
 }
 
 impl BackendView for MemView {
     fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError> {
-        self.records.get(&rev).map(|r| Record::decode(r)).transpose()
+        self.0.records.get(&rev).map(|r| Record::decode(r)).transpose()
     }
 
     fn scan(
@@ -266,7 +330,7 @@ impl BackendView for MemView {
         from: RevisionId,
         visit: &mut dyn FnMut(RevisionId, Record) -> bool,
     ) -> Result<(), BackendError> {
-        for (rev, raw) in self.records.range(from..) {
+        for (rev, raw) in self.0.records.range(from..) {
             if !visit(*rev, Record::decode(raw)?) {
                 break;
             }
@@ -275,6 +339,17 @@ impl BackendView for MemView {
     }
 
     fn meta(&self) -> Result<Meta, BackendError> {
-        Ok(self.meta)
+        Ok(self.0.meta)
     }
+
+    fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
+        decode_members(&self.0.members)
+    }
+}
+
+/// Decodes stored attributes, for backends that keep them encoded in a map.
+pub fn decode_members(
+    raw: &BTreeMap<u64, Vec<u8>>,
+) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
+    raw.iter().map(|(id, a)| Ok((*id, MemberAttributes::decode(a)?))).collect()
 }

@@ -6,7 +6,7 @@
 //! before it (as etcd's `compareToPath`), its chosen branch is checked before anything is written
 //! (so a bad op fails the whole transaction), and later ops see earlier ops' writes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 
@@ -28,6 +28,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) compacted: Revision,
     /// Set by a Compact command in this batch.
     pub(crate) compact_to: Option<Revision>,
+    /// Every member's published attributes, with this batch's changes.
+    pub(crate) members: &'a mut BTreeMap<u64, MemberAttributes>,
 }
 
 /// Reads at a revision: from the index, committed records, and (on the apply path) the records
@@ -135,6 +137,12 @@ impl<V: BackendView> Exec<'_, V> {
                 self.txn(&mut w, req).map(CommandResponse::Txn)
             }
             Command::Compact(req) => self.compact(req).map(CommandResponse::Compact),
+            Command::PublishMember { member, attributes } => {
+                // Beside the key space: no revision, no history record.
+                self.batch.members.push((*member, attributes.encode()));
+                self.members.insert(*member, attributes.clone());
+                Ok(CommandResponse::PublishMember)
+            }
         };
         if w.wrote() {
             self.current = w.rev;

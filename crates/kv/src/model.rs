@@ -17,6 +17,8 @@ pub struct Model {
     compacted: Revision,
     /// Every change of every key, in order; `None` is a deletion.
     history: BTreeMap<Bytes, Vec<(Revision, Option<KeyValue>)>>,
+    /// Every member's latest published attributes.
+    members: BTreeMap<u64, MemberAttributes>,
 }
 
 impl Default for Model {
@@ -25,6 +27,7 @@ impl Default for Model {
             current: Revision::INITIAL,
             compacted: Revision::NEVER_COMPACTED,
             history: BTreeMap::new(),
+            members: BTreeMap::new(),
         }
     }
 }
@@ -51,6 +54,11 @@ impl Model {
 
     pub fn compacted(&self) -> Revision {
         self.compacted
+    }
+
+    /// Every member's published attributes, by member id.
+    pub fn members(&self) -> &BTreeMap<u64, MemberAttributes> {
+        &self.members
     }
 
     /// A read as it was answered when the store stood at revision `current` with reads below
@@ -147,6 +155,10 @@ impl Model {
                 }
                 scratch.compacted = c.revision;
                 Ok(CommandResponse::Compact(CompactResponse { revision: scratch.current }))
+            }
+            Command::PublishMember { member, attributes } => {
+                scratch.members.insert(*member, attributes.clone());
+                Ok(CommandResponse::PublishMember)
             }
         }?;
         if tx.writes > 0 {

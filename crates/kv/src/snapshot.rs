@@ -3,20 +3,25 @@
 //!
 //! An image holds the executed state: the revisions and every history record the key index still
 //! references once compaction at `compacted` is complete, so it does not depend on how far index
-//! or physical compaction got, and two stores with the same history produce the same bytes.
+//! or physical compaction got, and two stores with the same history produce the same bytes; then
+//! every member's published attributes, which a member restored from an image must know as
+//! well as one that applied the entries.
 //!
 //! Byte layout (integers big-endian; offsets in bytes):
 //!
 //! ```text
 //! offset  size  field
 //!      0     8  magic "CAIRNKVI"
-//!      8     4  format version, u32 (1)
+//!      8     4  format version, u32 (2; version 1 had no member section)
 //!     12     8  applied_index, u64: the last Raft index the state includes
 //!     20     8  current, i64: the store's revision
 //!     28     8  compacted, i64: reads below it fail as compacted (-1: never compacted)
 //!     36     8  record count n, u64
 //!     44        n records, in increasing revision order, each:
 //!                 main i64 | sub u32 | len u64 | len bytes of `Record::encode`
+//!            8  member count m, u64
+//!               m members, in increasing id order, each:
+//!                 id u64 | len u64 | len bytes of `MemberAttributes::encode`
 //!  end-4     4  crc32c (Castagnoli) of every byte before it, u32
 //! ```
 //!
@@ -24,19 +29,20 @@
 //! over the whole image, then the header (`1 <= current`, `-1 <= compacted <= current`) and every
 //! record: it must decode, its revision must lie in `1..=current` and follow the previous one,
 //! its key must not be empty, and compaction at `compacted` must keep it (a record superseded at
-//! or before `compacted`, or a deletion before it, has no place in an image). Nothing after the
-//! last record but the checksum.
+//! or before `compacted`, or a deletion before it, has no place in an image). Every member's
+//! attributes must decode, in increasing id order. Nothing after the last member but the
+//! checksum.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use bytes::{BufMut, Bytes};
 
 use crate::backend::{BackendError, Record};
-use crate::types::{Revision, RevisionId};
+use crate::types::{MemberAttributes, Revision, RevisionId};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
-const VERSION: u32 = 1;
+const VERSION: u32 = 2;
 /// Bytes before the first record.
 const HEADER_LEN: usize = 44;
 const CHECKSUM_LEN: usize = 4;
@@ -73,7 +79,10 @@ pub enum ImageError {
     /// Compaction at the image's compacted revision would remove this record (a deletion before
     /// the compaction point), or an earlier record of its key (both at or below it).
     NotRetained(RevisionId),
-    /// Bytes between the last record and the checksum.
+    /// The member at this position of the member section (0-based) does not decode, or does
+    /// not follow the one before it in id order.
+    BadMember { position: u64, reason: &'static str },
+    /// Bytes between the last member and the checksum.
     TrailingBytes,
 }
 
@@ -98,7 +107,10 @@ impl fmt::Display for ImageError {
             ImageError::NotRetained(r) => {
                 write!(f, "record {}.{} contradicts the compaction point", r.main, r.sub)
             }
-            ImageError::TrailingBytes => f.write_str("bytes after the last record"),
+            ImageError::BadMember { position, reason } => {
+                write!(f, "member {position}: {reason}")
+            }
+            ImageError::TrailingBytes => f.write_str("bytes after the last member"),
         }
     }
 }
@@ -158,21 +170,33 @@ impl Encoder {
         record.encode_into(&mut self.buf);
     }
 
-    pub fn finish(mut self) -> Bytes {
+    /// Appends every member's attributes and the checksum.
+    pub fn finish(mut self, members: &BTreeMap<u64, MemberAttributes>) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
+        self.buf.put_u64(members.len() as u64);
+        for (id, attributes) in members {
+            let encoded = attributes.encode();
+            self.buf.put_u64(*id);
+            self.buf.put_u64(encoded.len() as u64);
+            self.buf.put_slice(&encoded);
+        }
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
     }
 }
 
-/// Encodes an image of `records` (in increasing revision order) at `meta`.
-pub fn encode(meta: ImageMeta, records: &[(RevisionId, Record)]) -> Bytes {
+/// Encodes an image of `records` (in increasing revision order) and `members` at `meta`.
+pub fn encode(
+    meta: ImageMeta,
+    records: &[(RevisionId, Record)],
+    members: &BTreeMap<u64, MemberAttributes>,
+) -> Bytes {
     let mut enc = Encoder::new(meta);
     for (rev, record) in records {
         enc.push(*rev, record);
     }
-    enc.finish()
+    enc.finish(members)
 }
 
 /// The image of an empty store at `applied_index`.
@@ -182,7 +206,7 @@ pub fn empty_image(applied_index: u64) -> Bytes {
         current: Revision::INITIAL,
         compacted: Revision::NEVER_COMPACTED,
     };
-    Encoder::new(meta).finish()
+    Encoder::new(meta).finish(&BTreeMap::new())
 }
 
 /// A decoded, verified image.
@@ -190,6 +214,7 @@ pub fn empty_image(applied_index: u64) -> Bytes {
 pub struct Image {
     meta: ImageMeta,
     records: Vec<(RevisionId, Record)>,
+    members: BTreeMap<u64, MemberAttributes>,
 }
 
 impl Image {
@@ -202,22 +227,28 @@ impl Image {
         &self.records
     }
 
-    pub fn into_records(self) -> Vec<(RevisionId, Record)> {
-        self.records
+    /// Every member's published attributes, by member id.
+    pub fn members(&self) -> &BTreeMap<u64, MemberAttributes> {
+        &self.members
+    }
+
+    /// The records and the members' attributes.
+    pub fn into_parts(self) -> (Vec<(RevisionId, Record)>, BTreeMap<u64, MemberAttributes>) {
+        (self.records, self.members)
     }
 }
 
 /// Decodes and verifies a whole image.
 pub fn decode(image: &[u8]) -> Result<Image, ImageError> {
     let mut records = Vec::new();
-    let meta = parse(image, &mut |rev, record| records.push((rev, record)))?;
-    Ok(Image { meta, records })
+    let (meta, members) = parse(image, &mut |rev, record| records.push((rev, record)))?;
+    Ok(Image { meta, records, members })
 }
 
 /// The header of an image, after verifying the whole image exactly as [`decode`] does (so an
 /// image this accepts installs), without keeping its records.
 pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
-    parse(image, &mut |_, _| {})
+    parse(image, &mut |_, _| {}).map(|(meta, _)| meta)
 }
 
 /// Reads big-endian integers off the front of a slice, failing instead of panicking.
@@ -252,8 +283,12 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Verifies `image` and hands each record to `visit`, in order; returns the header.
-fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<ImageMeta, ImageError> {
+/// Verifies `image` and hands each record to `visit`, in order; returns the header and the
+/// members' attributes.
+fn parse(
+    image: &[u8],
+    visit: &mut dyn FnMut(RevisionId, Record),
+) -> Result<(ImageMeta, BTreeMap<u64, MemberAttributes>), ImageError> {
     let mut head = Cursor(image);
     if head.array::<8>()? != MAGIC {
         return Err(ImageError::WrongMagic);
@@ -297,10 +332,36 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Imag
         retained.check(rev, &record)?;
         visit(rev, record);
     }
+    let members = parse_members(&mut cur)?;
     if !cur.0.is_empty() {
         return Err(ImageError::TrailingBytes);
     }
-    Ok(meta)
+    Ok((meta, members))
+}
+
+/// The member section: a count, then each member's id and attributes, in increasing id order.
+fn parse_members(cur: &mut Cursor<'_>) -> Result<BTreeMap<u64, MemberAttributes>, ImageError> {
+    let count = cur.u64()?;
+    let mut members = BTreeMap::new();
+    let mut last = None;
+    for position in 0..count {
+        let id = cur.u64()?;
+        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
+        let attributes =
+            MemberAttributes::decode(cur.take(len)?).map_err(|e| ImageError::BadMember {
+                position,
+                reason: match e {
+                    BackendError::Corrupt(why) => why,
+                    _ => "undecodable",
+                },
+            })?;
+        if last.is_some_and(|l| id <= l) {
+            return Err(ImageError::BadMember { position, reason: "member ids out of order" });
+        }
+        last = Some(id);
+        members.insert(id, attributes);
+    }
+    Ok(members)
 }
 
 fn check_header(meta: &ImageMeta) -> Result<(), ImageError> {

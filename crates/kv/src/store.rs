@@ -22,13 +22,15 @@
 
 mod image;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
 use crate::index::{Index, IndexEntry};
-use crate::types::{Command, CommandResponse, RangeRequest, RangeResponse, Revision, RevisionId};
+use crate::types::{
+    Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision, RevisionId,
+};
 use crate::KvError;
 
 #[derive(Debug)]
@@ -53,11 +55,19 @@ struct Inner {
     index_compaction: Option<(Revision, Option<bytes::Bytes>)>,
     /// Installs so far. Invariant: changes only under the writer mutex and the write lock.
     epoch: u64,
+    /// Every member's published attributes, as executed (what reads see).
+    members: BTreeMap<u64, MemberAttributes>,
 }
 
 impl Inner {
-    /// The state of a backend holding `index`'s history and `meta`: nothing executed beyond it.
-    fn new(mut index: Index, meta: Meta, epoch: u64) -> Inner {
+    /// The state of a backend holding `index`'s history, `members` and `meta`: nothing
+    /// executed beyond it.
+    fn new(
+        mut index: Index,
+        members: BTreeMap<u64, MemberAttributes>,
+        meta: Meta,
+        epoch: u64,
+    ) -> Inner {
         // The history may hold records a compaction made unreachable but did not remove yet.
         let to_remove = index.compact(meta.compacted);
         Inner {
@@ -73,6 +83,7 @@ impl Inner {
             to_remove,
             index_compaction: None,
             epoch,
+            members,
         }
     }
 }
@@ -114,10 +125,11 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let meta;
+        let (meta, members);
         {
             let view = backend.view()?;
             meta = view.meta()?;
+            members = view.members()?;
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -131,7 +143,7 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, meta, 0);
+        let inner = Inner::new(index, members, meta, 0);
         Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
     }
 
@@ -176,6 +188,16 @@ impl<B: Backend> Store<B> {
         let applied = self.read().applied_index;
         self.backend.sync()?;
         Ok(applied)
+    }
+
+    /// Every member's published attributes, by member id, as executed.
+    pub fn members(&self) -> BTreeMap<u64, MemberAttributes> {
+        self.read().members.clone()
+    }
+
+    /// One member's published attributes, as executed.
+    pub fn member(&self, id: u64) -> Option<MemberAttributes> {
+        self.read().members.get(&id).cloned()
     }
 
     /// A read at the request's revision (0: the latest executed one).
@@ -227,6 +249,7 @@ impl<B: Backend> Store<B> {
             current: inner.exec_current,
             compacted: inner.exec_compacted,
             compact_to: None,
+            members: &mut inner.members,
         };
         let mut outcomes = Vec::with_capacity(entries.len());
         let mut failure = None;
@@ -285,6 +308,7 @@ impl<B: Backend> Store<B> {
             written.extend(p.batch.puts.iter().map(|(rev, _)| *rev));
             batch.puts.extend(p.batch.puts);
             batch.deletes.extend(p.batch.deletes);
+            batch.members.extend(p.batch.members);
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;
@@ -336,7 +360,7 @@ impl<B: Backend> Store<B> {
                 compacted: inner.compacted,
                 compacted_physically: inner.compacted_physically,
             };
-            WriteBatch { puts: Vec::new(), deletes, meta: Some(meta) }
+            WriteBatch { deletes, meta: Some(meta), ..WriteBatch::default() }
         };
         self.backend.commit(batch)?;
         Ok(self.compaction_work())

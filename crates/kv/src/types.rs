@@ -202,6 +202,15 @@ pub struct CompactResponse {
     pub revision: Revision,
 }
 
+/// What a member tells the others about itself (etcd's member attributes): what `MemberList`
+/// shows for it. Published through the log, as etcd's `ClusterMemberAttrSet`; kept beside the
+/// key space, not in it: no revision, invisible to Range and HashKV.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MemberAttributes {
+    pub name: String,
+    pub client_urls: Vec<String>,
+}
+
 /// A mutating request, as replicated through Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -209,6 +218,11 @@ pub enum Command {
     DeleteRange(DeleteRangeRequest),
     Txn(TxnRequest),
     Compact(CompactRequest),
+    /// A member publishes its attributes; they replace any it published before.
+    PublishMember {
+        member: u64,
+        attributes: MemberAttributes,
+    },
 }
 
 /// The result of applying a [`Command`].
@@ -218,4 +232,6 @@ pub enum CommandResponse {
     DeleteRange(DeleteRangeResponse),
     Txn(TxnResponse),
     Compact(CompactResponse),
+    /// The attributes are recorded. Nothing else changed: the revision did not move.
+    PublishMember,
 }

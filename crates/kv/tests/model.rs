@@ -27,6 +27,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => delete_req().prop_map(|d| Step::Cmd(Command::DeleteRange(d))),
         4 => txn(1).prop_map(|t| Step::Cmd(Command::Txn(t))),
         1 => (0i64..30).prop_map(|r| Step::Cmd(Command::Compact(CompactRequest { revision: Revision(r), physical: false }))),
+        1 => publish().prop_map(Step::Cmd),
         5 => range_req().prop_map(Step::Read),
         1 => Just(Step::Restart),
         1 => Just(Step::PhysicalCompaction),
@@ -65,6 +66,7 @@ proptest! {
                     uncommitted.clear();
                     published = model.clone();
                     prop_assert_eq!(store.current_revision(), model.current());
+                    prop_assert_eq!(&store.members(), model.members());
                 }
                 Step::Read(req) => prop_assert_eq!(store.range(&req), model.range(&req), "read {:?}", req),
                 Step::Restart => {
@@ -73,6 +75,7 @@ proptest! {
                     store = Store::open(backend.clone()).unwrap();
                     prop_assert_eq!(store.current_revision(), published.current());
                     prop_assert_eq!(store.range(&everything()), published.range(&everything()));
+                    prop_assert_eq!(&store.members(), published.members());
                     for (i, cmd, outcome) in &uncommitted {
                         let (mut outs, prepared) = store.execute(&[(*i, Some(cmd))]).unwrap();
                         prop_assert_eq!(&outs.pop().flatten(), outcome, "replay of {} differs", i);
@@ -88,7 +91,46 @@ proptest! {
         while store.compact_step(3).unwrap() {}
         prop_assert_eq!(store.applied_index(), raft_index);
         prop_assert_eq!(store.range(&everything()), model.range(&everything()));
+        prop_assert_eq!(&store.members(), model.members());
     }
+}
+
+/// Publishing attributes moves neither the revision nor HashKV, leaves Range alone, and the
+/// attributes outlive a restart once committed.
+#[test]
+fn published_attributes_live_beside_the_key_space() {
+    let backend = Shared::default();
+    let store = Store::open(backend.clone()).unwrap();
+    let put = Command::Put(PutRequest {
+        key: Bytes::from_static(b"k"),
+        value: Bytes::from_static(b"v"),
+        ..PutRequest::default()
+    });
+    store.apply(&[(1, Some(&put))]).unwrap();
+    let before = (store.current_revision(), store.hash_kv(Revision(0)), store.range(&everything()));
+    let attributes = MemberAttributes {
+        name: "m1".to_string(),
+        client_urls: vec!["http://127.0.0.1:2379".to_string()],
+    };
+    let publish = Command::PublishMember { member: 7, attributes: attributes.clone() };
+    let outcome = store.apply(&[(2, Some(&publish))]).unwrap();
+    assert_eq!(outcome, vec![Some(Ok(CommandResponse::PublishMember))]);
+    let after = (store.current_revision(), store.hash_kv(Revision(0)), store.range(&everything()));
+    assert_eq!(after, before, "the key space did not change");
+    assert_eq!(store.applied_index(), 2);
+    assert_eq!(store.member(7), Some(attributes.clone()));
+    // A later publish replaces the attributes; executed, it is visible before it is committed.
+    let moved =
+        MemberAttributes { client_urls: vec!["http://10.0.0.1:2379".to_string()], ..attributes };
+    let again = Command::PublishMember { member: 7, attributes: moved.clone() };
+    let (_, prepared) = store.execute(&[(3, Some(&again))]).unwrap();
+    assert_eq!(store.member(7), Some(moved.clone()));
+    store.commit(vec![prepared]).unwrap();
+    drop(store);
+    let reopened = Store::open(backend).unwrap();
+    assert_eq!(reopened.applied_index(), 3);
+    assert_eq!(reopened.members(), [(7, moved)].into_iter().collect());
+    assert_eq!(reopened.current_revision(), before.0);
 }
 
 #[test]

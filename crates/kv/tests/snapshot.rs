@@ -76,6 +76,8 @@ fn same_as_source<B: Backend>(
     let model: Vec<_> = reqs.iter().map(|r| source.model.range(r)).collect();
     prop_assert_eq!(observe(store, &reqs), model);
     prop_assert_eq!(hashes(store), hashes(&source.store));
+    prop_assert_eq!(store.members(), source.store.members());
+    prop_assert_eq!(&store.members(), source.model.members());
     // The image is canonical: the installed store images to the same bytes.
     prop_assert_eq!(&store.image().unwrap(), image);
     prop_assert!(store.physically_compacted());
@@ -129,6 +131,7 @@ proptest! {
         prop_assert_eq!(observe(&reopened, &reqs), observe(&source.store, &reqs));
         prop_assert_eq!(hashes(&reopened), hashes(&source.store));
         prop_assert_eq!(reopened.applied_index(), source.raft_index);
+        prop_assert_eq!(reopened.members(), source.store.members());
     }
 
     /// Decoding arbitrary bytes never panics, and refuses them.
@@ -164,15 +167,16 @@ proptest! {
         current in -2i64..6,
         compacted in -3i64..6,
     ) {
-        let raw = raw_image(1, 7, current, compacted, count, &body);
+        let raw = raw_image(2, 7, current, compacted, count, &body);
         if let Ok(image) = snapshot::decode(&raw) {
-            prop_assert_eq!(snapshot::encode(image.meta(), image.records()), raw);
+            prop_assert_eq!(snapshot::encode(image.meta(), image.records(), image.members()), raw);
         }
     }
 }
 
 /// An image put together by hand, following the layout in `cairn_kv::snapshot`: magic, version,
-/// applied index, current, compacted, record count, the records, and the crc32c of all that.
+/// applied index, current, compacted, record count, the records, an empty member section, and
+/// the crc32c of all that.
 fn raw_image(
     version: u32,
     applied: u64,
@@ -180,6 +184,19 @@ fn raw_image(
     compacted: i64,
     count: u64,
     records: &[u8],
+) -> Vec<u8> {
+    raw_image_with(version, applied, current, compacted, count, records, &0u64.to_be_bytes())
+}
+
+/// [`raw_image`] with the member section given (its count, then the members).
+fn raw_image_with(
+    version: u32,
+    applied: u64,
+    current: i64,
+    compacted: i64,
+    count: u64,
+    records: &[u8],
+    members: &[u8],
 ) -> Vec<u8> {
     let mut out = Vec::new();
     out.put_slice(b"CAIRNKVI");
@@ -189,8 +206,41 @@ fn raw_image(
     out.put_i64(compacted);
     out.put_u64(count);
     out.put_slice(records);
+    out.put_slice(members);
     out.put_u32(crc32c::crc32c(&out));
     out
+}
+
+/// One member entry as the layout has it: id, length, then the encoded attributes.
+fn raw_member(id: u64, name: &str, urls: &[&str]) -> Vec<u8> {
+    let mut attributes = Vec::new();
+    attributes.put_u32(name.len() as u32);
+    attributes.put_slice(name.as_bytes());
+    attributes.put_u32(urls.len() as u32);
+    for url in urls {
+        attributes.put_u32(url.len() as u32);
+        attributes.put_slice(url.as_bytes());
+    }
+    let mut out = Vec::new();
+    out.put_u64(id);
+    out.put_u64(attributes.len() as u64);
+    out.put_slice(&attributes);
+    out
+}
+
+/// A member section: the count, then the members.
+fn member_section(members: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = (members.len() as u64).to_be_bytes().to_vec();
+    members.iter().for_each(|m| out.extend_from_slice(m));
+    out
+}
+
+fn publish(member: u64, name: &str, urls: &[&str]) -> Command {
+    let client_urls = urls.iter().map(|u| u.to_string()).collect();
+    Command::PublishMember {
+        member,
+        attributes: MemberAttributes { name: name.to_string(), client_urls },
+    }
 }
 
 /// One record entry as the layout has it: main, sub, length, then the encoded record.
@@ -241,17 +291,31 @@ fn compact(rev: i64) -> Command {
 #[test]
 fn the_image_layout_is_as_documented() {
     let store = Store::open(MemBackend::default()).unwrap();
-    let cmds = [put("a", "1"), put("b", "2"), put("a", "3"), delete("b"), compact(4)];
+    let cmds = [
+        put("a", "1"),
+        publish(9, "m9", &["http://x:1"]),
+        put("b", "2"),
+        put("a", "3"),
+        publish(2, "m2", &[]),
+        delete("b"),
+        compact(4),
+        publish(9, "m9", &["http://y:1", "http://y:2"]),
+    ];
     for (i, cmd) in cmds.iter().enumerate() {
         store.apply(&[(i as u64 + 1, Some(cmd))]).unwrap();
     }
     // Compaction at 4 keeps b@3 and a@4 (each key's live change at 4) and b's deletion at 5
-    // (above it); it drops a@2, superseded at 4.
+    // (above it); it drops a@2, superseded at 4. The publishes took no revision; member 9's
+    // second replaced its first.
     let mut records = raw_record(3, 0, &put_record("b", "2", 3, 1));
     records.extend(raw_record(4, 0, &put_record("a", "3", 2, 2)));
     records.extend(raw_record(5, 0, &tombstone("b")));
-    assert_eq!(store.image().unwrap(), raw_image(1, 5, 5, 4, 3, &records));
-    assert_eq!(snapshot::empty_image(9), raw_image(1, 9, 1, -1, 0, &[]));
+    let members = member_section(&[
+        raw_member(2, "m2", &[]),
+        raw_member(9, "m9", &["http://y:1", "http://y:2"]),
+    ]);
+    assert_eq!(store.image().unwrap(), raw_image_with(2, 8, 5, 4, 3, &records, &members));
+    assert_eq!(snapshot::empty_image(9), raw_image(2, 9, 1, -1, 0, &[]));
 }
 
 /// A store with some history, and its image.
@@ -278,7 +342,7 @@ fn damaged_images() -> Vec<(Vec<u8>, ImageError)> {
         (short.to_vec(), checksum_error(short)),
         (good[..40].to_vec(), ImageError::Truncated),
         (wrong_magic, ImageError::WrongMagic),
-        (raw_image(2, 1, 1, -1, 0, &[]), ImageError::UnknownVersion(2)),
+        (raw_image(1, 1, 1, -1, 0, &[]), ImageError::UnknownVersion(1)),
         (flipped.clone(), checksum_error(&flipped)),
     ]
 }
@@ -294,29 +358,56 @@ fn malformed_images() -> Vec<(Vec<u8>, ImageError)> {
     let trailing = [a2.clone(), vec![0]].concat();
     let outside = "compacted revision outside -1..=current";
     let empty_key = raw_record(2, 0, &put_record("", "x", 2, 1));
+    let (m5, m3) = (raw_member(5, "m5", &["http://a:1"]), raw_member(3, "m3", &[]));
+    let mut not_utf8 = raw_member(4, "m\u{e9}", &[]);
+    not_utf8[20] = 0xff; // The name's first byte, after id, length and name length.
+    let mut short_member = raw_member(4, "m4", &["http://a:1"]);
+    short_member[15] -= 1; // The attributes' length: one byte short of the URL's end.
     vec![
-        (raw_image(1, 1, 0, -1, 0, &[]), bad_header("current revision below the initial one")),
-        (raw_image(1, 1, 3, 4, 0, &[]), bad_header(outside)),
-        (raw_image(1, 1, 3, -2, 0, &[]), bad_header(outside)),
-        (raw_image(1, 1, 3, -1, 2, &swapped), ImageError::OutOfOrder(rev(2))),
+        (raw_image(2, 1, 0, -1, 0, &[]), bad_header("current revision below the initial one")),
+        (raw_image(2, 1, 3, 4, 0, &[]), bad_header(outside)),
+        (raw_image(2, 1, 3, -2, 0, &[]), bad_header(outside)),
+        (raw_image(2, 1, 3, -1, 2, &swapped), ImageError::OutOfOrder(rev(2))),
         (
-            raw_image(1, 1, 3, -1, 2, &[a2.clone(), a2.clone()].concat()),
+            raw_image(2, 1, 3, -1, 2, &[a2.clone(), a2.clone()].concat()),
             ImageError::OutOfOrder(rev(2)),
         ),
-        (raw_image(1, 1, 2, -1, 2, &two), ImageError::RevisionOutOfRange(rev(3))),
-        (raw_image(1, 1, 3, 3, 2, &two), ImageError::NotRetained(rev(3))),
+        (raw_image(2, 1, 2, -1, 2, &two), ImageError::RevisionOutOfRange(rev(3))),
+        (raw_image(2, 1, 3, 3, 2, &two), ImageError::NotRetained(rev(3))),
         (
-            raw_image(1, 1, 3, 3, 1, &raw_record(2, 0, &tombstone("a"))),
+            raw_image(2, 1, 3, 3, 1, &raw_record(2, 0, &tombstone("a"))),
             ImageError::NotRetained(rev(2)),
         ),
         (
-            raw_image(1, 1, 3, -1, 1, &bad_flag),
+            raw_image(2, 1, 3, -1, 1, &bad_flag),
             bad_record(0, "history record with a bad tombstone flag"),
         ),
-        (raw_image(1, 1, 3, -1, 1, &empty_key), bad_record(0, "empty key")),
-        (raw_image(1, 1, 3, -1, 1, &a2[..30]), ImageError::Truncated),
-        (raw_image(1, 1, 3, -1, 2, &a2), ImageError::Truncated),
-        (raw_image(1, 1, 3, -1, 1, &trailing), ImageError::TrailingBytes),
+        (raw_image(2, 1, 3, -1, 1, &empty_key), bad_record(0, "empty key")),
+        (raw_image(2, 1, 3, -1, 1, &a2[..30]), ImageError::Truncated),
+        (raw_image(2, 1, 3, -1, 2, &a2), ImageError::Truncated),
+        (raw_image(2, 1, 3, -1, 1, &trailing), ImageError::TrailingBytes),
+        (
+            raw_image_with(2, 1, 1, -1, 0, &[], &member_section(&[m5.clone(), m3])),
+            bad_member(1, "member ids out of order"),
+        ),
+        (
+            raw_image_with(2, 1, 1, -1, 0, &[], &member_section(&[m5.clone(), m5.clone()])),
+            bad_member(1, "member ids out of order"),
+        ),
+        (
+            raw_image_with(2, 1, 1, -1, 0, &[], &member_section(&[not_utf8])),
+            bad_member(0, "member attributes not UTF-8"),
+        ),
+        (
+            raw_image_with(2, 1, 1, -1, 0, &[], &member_section(&[short_member])),
+            bad_member(0, "member attributes cut short"),
+        ),
+        (raw_image_with(2, 1, 1, -1, 0, &[], &[0, 0, 0, 0, 0, 0, 0, 2]), ImageError::Truncated),
+        (raw_image_with(2, 1, 1, -1, 0, &[], &[]), ImageError::Truncated),
+        (
+            raw_image_with(2, 1, 1, -1, 0, &[], &[member_section(&[m5]), vec![0]].concat()),
+            ImageError::TrailingBytes,
+        ),
     ]
 }
 
@@ -343,6 +434,10 @@ fn rev(main: i64) -> RevisionId {
 
 fn bad_header(why: &'static str) -> ImageError {
     ImageError::BadHeader(why)
+}
+
+fn bad_member(position: u64, reason: &'static str) -> ImageError {
+    ImageError::BadMember { position, reason }
 }
 
 fn bad_record(position: u64, reason: &'static str) -> ImageError {

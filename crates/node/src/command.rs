@@ -37,6 +37,9 @@ impl W {
     fn bool(&mut self, v: bool) {
         self.0.put_u8(u8::from(v));
     }
+    fn u64(&mut self, v: u64) {
+        self.0.put_u64(v);
+    }
 }
 
 struct R<'a>(&'a [u8]);
@@ -67,6 +70,13 @@ impl R<'_> {
     }
     fn bool(&mut self) -> Result<bool, DecodeError> {
         Ok(self.u8()? != 0)
+    }
+    fn u64(&mut self) -> Result<u64, DecodeError> {
+        self.need(8)?;
+        Ok(self.0.get_u64())
+    }
+    fn string(&mut self) -> Result<String, DecodeError> {
+        String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError("string not UTF-8"))
     }
     fn count(&mut self) -> Result<usize, DecodeError> {
         self.need(4)?;
@@ -102,6 +112,11 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
             w.i64(c.revision.0);
             w.bool(c.physical);
         }
+        Command::PublishMember { member, attributes } => {
+            w.u8(5);
+            w.u64(*member);
+            publish(&mut w, attributes);
+        }
     }
     w.0.into()
 }
@@ -119,12 +134,29 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
         2 => Command::DeleteRange(get_delete(&mut r)?),
         3 => Command::Txn(get_txn(&mut r, 0)?),
         4 => Command::Compact(CompactRequest { revision: Revision(r.i64()?), physical: r.bool()? }),
+        5 => Command::PublishMember { member: r.u64()?, attributes: get_publish(&mut r)? },
         _ => return Err(DecodeError("unknown command")),
     };
     if !r.0.is_empty() {
         return Err(DecodeError("trailing bytes"));
     }
     Ok((id, cmd))
+}
+
+/// `name | count u32 | url*`.
+fn publish(w: &mut W, a: &MemberAttributes) {
+    w.bytes(a.name.as_bytes());
+    w.0.put_u32(a.client_urls.len() as u32);
+    for url in &a.client_urls {
+        w.bytes(url.as_bytes());
+    }
+}
+
+fn get_publish(r: &mut R<'_>) -> Result<MemberAttributes, DecodeError> {
+    let name = r.string()?;
+    let n = r.count()?;
+    let client_urls = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
+    Ok(MemberAttributes { name, client_urls })
 }
 
 fn put(w: &mut W, p: &PutRequest) {

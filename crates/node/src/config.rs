@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use cairn_kv::validate::DEFAULT_MAX_TXN_OPS;
+use cairn_kv::MemberAttributes;
 
 pub use cairn_raft::ReadMode;
 
@@ -41,6 +42,10 @@ pub struct EngineConfig {
     /// The cluster this member belongs to, from etcd's cluster flags. `None` (the default)
     /// runs a single member that needs no flags.
     pub cluster: Option<ClusterConfig>,
+    /// The URLs clients reach this member at (etcd's `--advertise-client-urls`). A member of a
+    /// cluster publishes them, with its name, through the log (etcd's publish), so that every
+    /// member's `MemberList` shows them; a single member publishes nothing.
+    pub advertise_client_urls: Vec<String>,
     /// How linearizable reads are confirmed: ReadIndex (the default, etcd's only mode) costs a
     /// heartbeat round per batch; a lease answers from the leader at once, and is safe only
     /// while clocks drift, and processes stall, by less than the lease margin.
@@ -66,6 +71,7 @@ impl EngineConfig {
             wal_segment_bytes: 64 << 20,
             read_mode: ReadMode::Safe,
             cluster: None,
+            advertise_client_urls: Vec::new(),
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -104,6 +110,9 @@ pub struct ReplicaConfig {
     /// Report every entry persisted and applied, and every snapshot taken or installed, in
     /// [`crate::Observed`]. For simulators and tests; it costs a copy of each entry.
     pub observe: bool,
+    /// This member's attributes, published through the log whenever the applied ones differ
+    /// (see `replica/publish.rs`). `None` publishes nothing.
+    pub publish: Option<MemberAttributes>,
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
 }
@@ -115,6 +124,7 @@ impl ReplicaConfig {
             request_timeout_ticks: 70,
             snapshot_entries: 10_000,
             observe: false,
+            publish: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

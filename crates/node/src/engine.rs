@@ -1,5 +1,6 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -8,8 +9,8 @@ use std::thread::JoinHandle;
 
 use cairn_kv::{
     Command, CommandResponse, CompactRequest, CompactResponse, DeleteRangeRequest,
-    DeleteRangeResponse, KvError, PutRequest, PutResponse, RangeRequest, RangeResponse, Store,
-    TxnRequest, TxnResponse,
+    DeleteRangeResponse, KvError, MemberAttributes, PutRequest, PutResponse, RangeRequest,
+    RangeResponse, Store, TxnRequest, TxnResponse,
 };
 use cairn_raft::{ConfState, NodeId};
 use cairn_storage::fs::OsDir;
@@ -62,6 +63,13 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     let mut rc = ReplicaConfig::new(raft);
     rc.request_timeout_ticks = cfg.request_timeout_ticks();
     rc.snapshot_entries = cfg.snapshot_entries;
+    // A single member has no one to tell: its log stays as it always was.
+    if cfg.cluster.is_some() {
+        rc.publish = Some(MemberAttributes {
+            name: cfg.name.clone(),
+            client_urls: cfg.advertise_client_urls.clone(),
+        });
+    }
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;
@@ -169,6 +177,12 @@ impl Engine {
 
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
+    }
+
+    /// Every member's attributes as published through the log and applied here, by member id;
+    /// a member that has not published yet is missing. A single member publishes nothing.
+    pub fn members(&self) -> BTreeMap<u64, MemberAttributes> {
+        self.shared.store.members()
     }
 
     /// etcd's MoveLeader: asks this member, which must lead, to hand leadership to `target`;

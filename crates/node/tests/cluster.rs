@@ -234,3 +234,69 @@ async fn leadership_moves_on_request_and_before_a_graceful_stop() {
     put_retrying(eng(&ms[l]), "after", "handover").await;
     ms.iter_mut().for_each(stop);
 }
+
+/// Every member's attributes as `ms` configures them, by member id.
+fn configured(ms: &[Member]) -> std::collections::BTreeMap<u64, MemberAttributes> {
+    ms.iter()
+        .map(|m| {
+            let attributes = MemberAttributes {
+                name: m.name.clone(),
+                client_urls: m.cfg.advertise_client_urls.clone(),
+            };
+            (m.engine.as_ref().expect("running").identity().1, attributes)
+        })
+        .collect()
+}
+
+/// Waits up to 10 s until every member shows every member's configured attributes.
+async fn all_published(ms: &[Member]) {
+    let want = configured(ms);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let shown: Vec<_> = ms.iter().map(|m| eng(m).members()).collect();
+        if shown.iter().all(|s| *s == want) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "attributes never spread: {shown:#?}, want {want:#?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_publish_their_client_urls_and_a_restart_republishes_only_a_change() {
+    let mut ms = configs("publish", 3, 10_000);
+    for (i, m) in ms.iter_mut().enumerate() {
+        m.cfg.advertise_client_urls = vec![format!("http://10.0.0.{i}:2379")];
+    }
+    ms.iter_mut().for_each(start);
+    leader(&ms);
+    all_published(&ms).await;
+    let revision = eng(&ms[0]).status().revision;
+    assert_eq!(revision, Revision(1), "publishing took no revision");
+    // A follower restarts with the same URLs: once it has caught up, it proposes nothing.
+    let l = leader(&ms);
+    let f = (l + 1) % 3;
+    // The committer makes the store durable within 25 ms; give it a margin.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let last = eng(&ms[l]).status().raft_index;
+    stop(&mut ms[f]);
+    start(&mut ms[f]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while eng(&ms[f]).status().raft_applied_index < last || eng(&ms[f]).leader().is_none() {
+        assert!(Instant::now() < deadline, "the restarted member never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Well past its first backoff (an election timeout, 200 ms here).
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert_eq!(leader(&ms), l, "leadership stayed, so no new leader's entry either");
+    assert_eq!(eng(&ms[l]).status().raft_index, last, "the restart proposed nothing");
+    all_published(&ms).await;
+    // Restarted with new URLs, it publishes them, and every member shows them.
+    stop(&mut ms[f]);
+    ms[f].cfg.advertise_client_urls = vec!["http://10.0.1.1:2379".into(), "http://h:2379".into()];
+    start(&mut ms[f]);
+    all_published(&ms).await;
+    assert!(eng(&ms[l]).status().raft_index > last);
+    assert_eq!(eng(&ms[l]).status().revision, revision);
+    ms.iter_mut().for_each(stop);
+}

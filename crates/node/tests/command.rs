@@ -138,6 +138,12 @@ fn command() -> impl Strategy<Value = Command> {
             revision,
             physical
         })),
+        (any::<u64>(), ".{0,4}", prop::collection::vec(".{0,8}", 0..3)).prop_map(
+            |(member, name, client_urls)| Command::PublishMember {
+                member,
+                attributes: MemberAttributes { name, client_urls },
+            }
+        ),
     ]
 }
 
@@ -156,6 +162,26 @@ proptest! {
         }
         let _ = decode(&junk);
     }
+}
+
+#[test]
+fn member_attributes_that_are_not_utf8_are_refused() {
+    let cmd = Command::PublishMember {
+        member: 7,
+        attributes: MemberAttributes { name: "m".into(), client_urls: vec!["u".into()] },
+    };
+    let raw = encode(1, &cmd).to_vec();
+    assert_eq!(decode(&raw), Ok((1, cmd)));
+    // version, id, tag, member id, then the name: its length and its one byte.
+    let name_at = 1 + 8 + 1 + 8 + 4;
+    assert_eq!(raw[name_at], b'm');
+    let mut bad = raw.clone();
+    bad[name_at] = 0xff;
+    assert!(decode(&bad).is_err(), "a name that is not UTF-8");
+    let mut bad = raw;
+    let last = bad.len() - 1;
+    bad[last] = 0xfe;
+    assert!(decode(&bad).is_err(), "a URL that is not UTF-8");
 }
 
 #[test]

@@ -294,3 +294,19 @@ async fn a_storage_failure_stops_the_engine_and_loses_nothing_acknowledged() {
     e.stop();
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// A single member has no one to tell its client URLs: it publishes nothing, and its log holds
+/// the founding entry and its own leadership's entry alone.
+#[test]
+fn a_single_member_publishes_nothing() {
+    let dir = temp_dir("solo-publish");
+    let mut cfg = EngineConfig::new("solo", &dir);
+    cfg.advertise_client_urls = vec!["http://127.0.0.1:2379".into()];
+    let e = Engine::open(cfg).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(e.members().is_empty());
+    assert_eq!(e.status().raft_index, 2);
+    e.stop();
+    drop(e);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

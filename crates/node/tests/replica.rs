@@ -5,7 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use cairn_kv::backend::MemBackend;
-use cairn_kv::{Command, CommandResponse, PutRequest, PutResponse, Revision, Store};
+use cairn_kv::{
+    Command, CommandResponse, MemberAttributes, PutRequest, PutResponse, Revision, Store,
+};
 use cairn_node::committer::Committer;
 use cairn_node::{
     prepare, Bootstrap, EngineError, Limits, Replica, ReplicaConfig, Reply, RequestId, RequestIds,
@@ -28,11 +30,21 @@ struct Member {
 }
 
 fn member(id: u64, voters: &[u64], snapshot_entries: u64) -> Member {
+    member_with(id, voters, snapshot_entries, None)
+}
+
+fn member_with(
+    id: u64,
+    voters: &[u64],
+    snapshot_entries: u64,
+    publish: Option<MemberAttributes>,
+) -> Member {
     let mut raft = Config::new(NodeId(id));
     raft.seed = 7;
     let mut cfg = ReplicaConfig::new(raft);
     cfg.request_timeout_ticks = 60;
     cfg.snapshot_entries = snapshot_entries;
+    cfg.publish = publish;
     let store = Arc::new(Store::open(MemBackend::default()).unwrap());
     let disk = FaultyDir::default();
     let conf = ConfState::with_voters(voters.iter().map(|v| NodeId(*v)));
@@ -57,16 +69,25 @@ impl Member {
     }
 }
 
-/// Members on a lossless network; `cut` members send and receive nothing.
+/// Members on a lossless network; `cut` members send and receive nothing, `mute` members
+/// receive but what they send is lost.
 struct Net {
     members: BTreeMap<u64, Member>,
     cut: BTreeSet<u64>,
+    mute: BTreeSet<u64>,
 }
 
 impl Net {
     fn new(voters: &[u64], snapshot_entries: u64) -> Net {
         let members = voters.iter().map(|&id| (id, member(id, voters, snapshot_entries))).collect();
-        Net { members, cut: BTreeSet::new() }
+        Net { members, cut: BTreeSet::new(), mute: BTreeSet::new() }
+    }
+
+    /// Members that publish their attributes ([`attributes`]).
+    fn publishing(voters: &[u64], snapshot_entries: u64) -> Net {
+        let member = |id| member_with(id, voters, snapshot_entries, Some(attributes(id)));
+        let members = voters.iter().map(|&id| (id, member(id))).collect();
+        Net { members, cut: BTreeSet::new(), mute: BTreeSet::new() }
     }
 
     fn get(&mut self, id: u64) -> &mut Member {
@@ -83,7 +104,7 @@ impl Net {
                 m.replica.process().unwrap();
                 let work = m.replica.work();
                 moved |= !work.messages.is_empty();
-                if !self.cut.contains(id) {
+                if !self.cut.contains(id) && !self.mute.contains(id) {
                     mail.append(&mut work.messages);
                 }
                 work.messages.clear();
@@ -279,4 +300,97 @@ fn a_leaders_appends_leave_before_its_fsync_and_a_followers_ack_only_after_its_o
     assert!(follower_early.is_empty(), "an ack promises durability: {follower_early:?}");
     let acks = follower.replica.work().messages.iter();
     assert!(acks.into_iter().any(|m| matches!(m.body, MessageBody::AppendResp { .. })));
+}
+
+fn attributes(id: u64) -> MemberAttributes {
+    MemberAttributes { name: format!("m{id}"), client_urls: vec![format!("http://m{id}:2379")] }
+}
+
+/// The members whose attributes the entries in `r`'s log (since its last compaction) publish.
+fn publishes_in_log(r: &R) -> Vec<u64> {
+    let entries = r.raft().log_entries().iter();
+    let data = entries.filter_map(|e| match &e.payload {
+        cairn_raft::EntryPayload::Normal(d) if !d.is_empty() => Some(d.clone()),
+        _ => None,
+    });
+    let decoded = data.map(|d| cairn_node::command::decode(&d).unwrap().1);
+    decoded
+        .filter_map(|c| match c {
+            Command::PublishMember { member, .. } => Some(member),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Whose attributes member `id`'s store shows.
+fn shown(net: &mut Net, id: u64) -> BTreeMap<u64, MemberAttributes> {
+    net.get(id).replica.store().members()
+}
+
+fn all_attributes(ids: &[u64]) -> BTreeMap<u64, MemberAttributes> {
+    ids.iter().map(|&id| (id, attributes(id))).collect()
+}
+
+#[test]
+fn members_publish_once_they_know_a_leader_and_never_again_once_applied() {
+    let mut net = Net::publishing(&[1, 2, 3], 100);
+    net.tick_all(3);
+    assert!(publishes_in_log(&net.get(1).replica).is_empty(), "no leader, nothing proposed");
+    let revision = net.get(1).replica.store().current_revision();
+    net.elect(1);
+    for id in [1, 2, 3] {
+        assert_eq!(shown(&mut net, id), all_attributes(&[1, 2, 3]), "member {id}");
+    }
+    let mut published = publishes_in_log(&net.get(1).replica);
+    published.sort();
+    assert_eq!(published, vec![1, 2, 3], "one publish each");
+    // Well past every backoff: nothing is proposed again, and the key space never moved.
+    net.tick_all(200);
+    assert_eq!(publishes_in_log(&net.get(1).replica).len(), 3);
+    assert_eq!(net.get(1).replica.store().current_revision(), revision);
+    assert_eq!(net.get(1).replica.store().hash_kv(Revision(0)).unwrap().revision, revision);
+}
+
+#[test]
+fn a_lost_publish_is_proposed_again_after_a_backoff() {
+    let mut net = Net::publishing(&[1, 2, 3], 100);
+    net.stabilize();
+    net.mute.insert(3);
+    net.elect(1);
+    assert_eq!(shown(&mut net, 1), all_attributes(&[1, 2]), "member 3's proposal was lost");
+    net.mute.clear();
+    // The first retry waits an election timeout (10 ticks) after the lost proposal.
+    net.tick_all(5);
+    assert_eq!(shown(&mut net, 1), all_attributes(&[1, 2]), "too early to try again");
+    net.tick_all(10);
+    for id in [1, 2, 3] {
+        assert_eq!(shown(&mut net, id), all_attributes(&[1, 2, 3]), "member {id}");
+    }
+    assert_eq!(publishes_in_log(&net.get(1).replica).iter().filter(|m| **m == 3).count(), 1);
+}
+
+#[test]
+fn a_member_restored_from_a_snapshot_learns_the_attributes_published_while_it_was_away() {
+    let mut net = Net::publishing(&[1, 2, 3], 5);
+    net.stabilize();
+    net.cut.insert(3);
+    net.elect(1);
+    assert_eq!(shown(&mut net, 2), all_attributes(&[1, 2]));
+    let publishes_at = net.get(1).replica.raft().last_index();
+    for i in 0..40 {
+        net.get(1).propose(&put(&format!("k{i:02}"), &format!("v{i}")), i);
+        net.stabilize();
+    }
+    assert!(net.get(1).replica.compacted_index() > publishes_at, "the publishes are compacted");
+    assert!(shown(&mut net, 3).is_empty());
+    net.cut.clear();
+    net.tick_all(3);
+    let installed = net.get(3).replica.compacted_index();
+    assert!(installed > publishes_at, "member 3 installed a snapshot past the publishes");
+    // It learned 1's and 2's attributes from the image, then published its own.
+    for id in [1, 2, 3] {
+        assert_eq!(shown(&mut net, id), all_attributes(&[1, 2, 3]), "member {id}");
+    }
+    let own: Vec<u64> = publishes_in_log(&net.get(3).replica);
+    assert_eq!(own, vec![3], "only its own publish is in its log, after the snapshot");
 }

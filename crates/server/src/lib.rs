@@ -16,12 +16,12 @@ pub use cairn_kv as kv;
 pub use cairn_node::{Engine, EngineConfig, EngineError, Status};
 use cairn_proto::etcdserverpb as pb;
 
-/// What `cairn serve` needs beyond the engine's own configuration.
+/// What `cairn serve` needs beyond the engine's own configuration (which holds the advertised
+/// client URLs, since a member of a cluster publishes them).
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
     pub engine: EngineConfig,
     pub listen_client_urls: Vec<String>,
-    pub advertise_client_urls: Vec<String>,
     pub advertise_peer_urls: Vec<String>,
 }
 
@@ -51,7 +51,7 @@ pub async fn serve(
     let ctx = services::Ctx {
         engine: engine.clone(),
         name: cfg.engine.name.clone(),
-        client_urls: cfg.advertise_client_urls.clone(),
+        client_urls: cfg.engine.advertise_client_urls.clone(),
         peer_urls: cfg.advertise_peer_urls.clone(),
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then

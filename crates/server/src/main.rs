@@ -126,7 +126,8 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     if a.unsafe_planted_bug.as_deref() == Some("read-without-index") {
         engine.planted_bug = Some(cairn_node::ReplicaBug::ReadWithoutIndex);
     }
-    let advertise = if a.advertise_client_urls.is_empty() {
+    // What the member publishes to the others and shows in MemberList.
+    engine.advertise_client_urls = if a.advertise_client_urls.is_empty() {
         a.listen_client_urls.clone()
     } else {
         a.advertise_client_urls
@@ -134,7 +135,6 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     Ok(ServeConfig {
         engine,
         listen_client_urls: a.listen_client_urls,
-        advertise_client_urls: advertise,
         advertise_peer_urls: a.initial_advertise_peer_urls,
     })
 }

@@ -205,24 +205,32 @@ impl pb::cluster_server::Cluster for Ctx {
         };
         let members = match &self.engine.config().cluster {
             None => vec![me],
-            Some(c) => c
-                .members
-                .iter()
-                .map(|m| {
-                    if m.id == member_id {
-                        return me.clone();
-                    }
-                    // Other members' client URLs are known once members publish them
-                    // through the log; until then only this member's are.
-                    pb::Member {
-                        id: m.id,
-                        name: m.name.clone(),
-                        peer_ur_ls: m.peer_urls.clone(),
-                        client_ur_ls: vec![],
-                        is_learner: false,
-                    }
-                })
-                .collect(),
+            Some(c) => {
+                // Other members' client URLs (and names as they call themselves) are known once
+                // they publish them through the log; until then, empty as in etcd.
+                let mut published = self.engine.members();
+                c.members
+                    .iter()
+                    .map(|m| {
+                        if m.id == member_id {
+                            return me.clone();
+                        }
+                        let attributes = published.remove(&m.id).unwrap_or_default();
+                        let name = if attributes.name.is_empty() {
+                            m.name.clone()
+                        } else {
+                            attributes.name
+                        };
+                        pb::Member {
+                            id: m.id,
+                            name,
+                            peer_ur_ls: m.peer_urls.clone(),
+                            client_ur_ls: attributes.client_urls,
+                            is_learner: false,
+                        }
+                    })
+                    .collect()
+            }
         };
         let rev = self.engine.status().revision;
         Ok(Response::new(pb::MemberListResponse { header: self.header().at(rev), members }))

@@ -10,22 +10,29 @@
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cairn_kv::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
-use cairn_kv::RevisionId;
+use cairn_kv::backend::{
+    decode_members, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
+};
+use cairn_kv::{MemberAttributes, RevisionId};
 
 use crate::rng::Rng;
 
 #[derive(Clone, Debug, Default)]
 struct State {
     records: BTreeMap<RevisionId, Vec<u8>>,
+    members: BTreeMap<u64, Vec<u8>>,
     meta: Meta,
 }
 
 /// How to undo the last commit, while its meta page is not durable.
 #[derive(Debug)]
 enum Undo {
-    /// Restore these records (None: remove) and this meta.
-    Changes { records: Vec<(RevisionId, Option<Vec<u8>>)>, meta: Meta },
+    /// Restore these records and members (None: remove) and this meta.
+    Changes {
+        records: Vec<(RevisionId, Option<Vec<u8>>)>,
+        members: Vec<(u64, Option<Vec<u8>>)>,
+        meta: Meta,
+    },
     /// The commit replaced everything: restore the whole previous state.
     Whole(Arc<State>),
 }
@@ -65,12 +72,18 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, meta } => {
+            Undo::Changes { records, members, meta } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
                         Some(raw) => state.records.insert(rev, raw),
                         None => state.records.remove(&rev),
+                    };
+                }
+                for (id, old) in members {
+                    match old {
+                        Some(raw) => state.members.insert(id, raw),
+                        None => state.members.remove(&id),
                     };
                 }
                 state.meta = meta;
@@ -115,13 +128,19 @@ impl Backend for SimBackend {
                 undo.push((rev, Some(old)));
             }
         }
+        let mut members: Vec<_> = batch
+            .members
+            .into_iter()
+            .map(|(id, raw)| (id, state.members.insert(id, raw)))
+            .collect();
         let old_meta = state.meta;
         if let Some(meta) = batch.meta {
             state.meta = meta;
         }
-        // Undo in reverse, so a revision written twice gets its first old value back.
+        // Undo in reverse, so a revision (or member) written twice gets its first old value back.
         undo.reverse();
-        disk.undo = Some(Undo::Changes { records: undo, meta: old_meta });
+        members.reverse();
+        disk.undo = Some(Undo::Changes { records: undo, members, meta: old_meta });
         Ok(())
     }
 
@@ -131,8 +150,10 @@ impl Backend for SimBackend {
             return Err(injected());
         }
         let records = batch.puts.into_iter().collect();
+        let members = batch.members.into_iter().collect();
         let meta = batch.meta.unwrap_or_default();
-        let previous = std::mem::replace(&mut disk.state, Arc::new(State { records, meta }));
+        let state = Arc::new(State { records, members, meta });
+        let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
     }
@@ -167,5 +188,9 @@ impl BackendView for SimView {
 
     fn meta(&self) -> Result<Meta, BackendError> {
         Ok(self.0.meta)
+    }
+
+    fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
+        decode_members(&self.0.members)
     }
 }

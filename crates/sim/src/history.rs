@@ -103,6 +103,8 @@ pub struct HistoryStats {
     /// Reads that got no answer (their member crashed, or they timed out).
     pub reads_unanswered: u64,
     pub log_entries: u64,
+    /// Entries in which a member published its attributes.
+    pub publishes: u64,
     /// Member executions compared with the model.
     pub executions_checked: u64,
 }
@@ -116,6 +118,7 @@ impl HistoryStats {
         self.reads_checked += o.reads_checked;
         self.reads_unanswered += o.reads_unanswered;
         self.log_entries += o.log_entries;
+        self.publishes += o.publishes;
         self.executions_checked += o.executions_checked;
     }
 }
@@ -124,7 +127,7 @@ impl fmt::Display for HistoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} writes acknowledged, {} certainly failed, {} unknown ({} of them applied); {} reads checked, {} unanswered; {} log entries, {} executions compared with the model",
+            "{} writes acknowledged, {} certainly failed, {} unknown ({} of them applied); {} reads checked, {} unanswered; {} log entries ({} publishing attributes), {} executions compared with the model",
             self.writes_acked,
             self.writes_failed,
             self.writes_unknown,
@@ -132,6 +135,7 @@ impl fmt::Display for HistoryStats {
             self.reads_checked,
             self.reads_unanswered,
             self.log_entries,
+            self.publishes,
             self.executions_checked
         )
     }
@@ -140,7 +144,9 @@ impl fmt::Display for HistoryStats {
 /// The recorded history and the log, with the model replaying the log as it is learned.
 ///
 /// Invariant: `log[i]` is index `i + 1`, and `model` has applied exactly `log`.
-/// Invariant: `position` maps every request id in `log` to its index, and each appears once.
+/// Invariant: `position` maps every client's request id in `log` to its index, and each appears
+/// once. A member's own entries (publishing its attributes) are in `log` but not in `position`:
+/// no client sent them, and their ids come from the member's own counter.
 #[derive(Debug, Default)]
 pub struct History {
     /// Ordered by id, so a failing seed names the same violation on every replay.
@@ -292,7 +298,9 @@ impl History {
         entry: Option<(OpId, Command)>,
     ) -> Result<(), Violation> {
         let mut result = None;
-        if let Some((op, cmd)) = &entry {
+        if let Some((_, cmd @ Command::PublishMember { .. })) = &entry {
+            result = Some(self.model.apply(cmd));
+        } else if let Some((op, cmd)) = &entry {
             if let Some(&earlier) = self.position.get(op) {
                 violation!(
                     "request {op} is in the log twice: at index {earlier} and at index {index} (applied by member {member})"
@@ -312,8 +320,14 @@ impl History {
             violation!("history misrecorded: {what}");
         }
         self.check_log_requests()?;
+        let publishes = self
+            .log
+            .iter()
+            .filter(|e| matches!(e.request, Some((_, Command::PublishMember { .. }))))
+            .count() as u64;
         let mut stats = HistoryStats {
             log_entries: self.log_len(),
+            publishes,
             executions_checked: self.executions_checked,
             ..HistoryStats::default()
         };
@@ -328,6 +342,9 @@ impl History {
     fn check_log_requests(&self) -> Result<(), Violation> {
         for (i, entry) in self.log.iter().enumerate() {
             let Some((op, cmd)) = &entry.request else { continue };
+            if matches!(cmd, Command::PublishMember { .. }) {
+                continue;
+            }
             let index = i + 1;
             match self.ops.get(op).map(|o| &o.kind) {
                 None => violation!("index {index} carries request {op}, which no client sent"),

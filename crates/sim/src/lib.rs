@@ -38,6 +38,9 @@ pub struct Options {
     pub spares: usize,
     pub read_mode: ReadMode,
     pub membership: bool,
+    /// Members publish their attributes through the log (etcd's publish), with client URLs
+    /// that change on every other restart, and convergence requires every member's published.
+    pub publish: bool,
     /// Length of the fault phase, in ticks of the nominal clock.
     pub fault_ticks: u64,
     /// How long, after faults stop, a leader has to commit and every member to converge.
@@ -75,6 +78,7 @@ impl Options {
             spares: 2,
             read_mode: if seed.is_multiple_of(3) { ReadMode::Lease } else { ReadMode::Safe },
             membership: true,
+            publish: true,
             fault_ticks: 600,
             liveness_ticks: 200,
             stack: false,

@@ -2,9 +2,11 @@
 //! convergence within a bound; then judge the whole run.
 //!
 //! Converged means: a probe write, sent through a client to the leader, is acknowledged; every
-//! member of the leader's configuration has executed the same log prefix (through the probe);
-//! they hold the same revision and the same kv hash (etcd's `HashKV`); and each member's data
-//! equals the model's. Then the client history must be linearizable.
+//! member of the leader's configuration has executed the same log prefix (through the probe)
+//! and, when members publish, holds every one of them's current attributes; they hold the same
+//! revision, the same kv hash (etcd's `HashKV`) and the same members' attributes (which the
+//! hash does not cover); and each member's data equals the model's. Then the client history
+//! must be linearizable.
 
 use bytes::Bytes;
 use cairn_kv::{Command, PutRequest, RangeRequest, Revision};
@@ -42,11 +44,32 @@ impl World {
             }
         }
         Err(Violation(format!(
-            "liveness: no leader committing and converging within {} ticks after faults stopped (leaders: {:?}, probe {:?})",
+            "liveness: no leader committing and converging within {} ticks after faults stopped (leaders: {:?}, probe {:?}, attributes missing: {:?})",
             self.opts.liveness_ticks,
             self.leaders(),
-            probe.map(|op| (op, self.history.acked_index(op)))
+            probe.map(|op| (op, self.history.acked_index(op))),
+            self.unpublished()
         )))
+    }
+
+    /// (member, whose attributes it does not show as current), for the leader's configuration.
+    fn unpublished(&self) -> Vec<(NodeId, NodeId)> {
+        let Some(leader) = self.leaders().first().copied() else { return Vec::new() };
+        let Some(raft) = self.members[&leader].replica.as_ref().map(|r| r.raft()) else {
+            return Vec::new();
+        };
+        let members = raft.conf_state().members();
+        let mut missing = Vec::new();
+        for id in &members {
+            let Some(replica) = self.members[id].replica.as_ref() else { continue };
+            let shown = replica.store().members();
+            for m in &members {
+                if self.opts.publish && shown.get(&m.0) != Some(&self.members[m].attributes()) {
+                    missing.push((*id, *m));
+                }
+            }
+        }
+        missing
     }
 
     /// The probe's answer came back and was not a success: send another.
@@ -78,12 +101,28 @@ impl World {
             executed.push(replica.store().executed_index());
         }
         let all_at_commit = executed.iter().all(|e| *e == commit.0);
-        (all_at_commit && commit >= probe).then(|| members.into_iter().collect())
+        let members: Vec<NodeId> = members.into_iter().collect();
+        (all_at_commit && commit >= probe && self.published(&members)).then_some(members)
     }
 
-    /// Every member holds the same revision, the same kv hash, and the model's data.
+    /// Every one of `members` shows every one's current attributes (with publishing off, there
+    /// is nothing to wait for). A member that never manages to publish fails liveness.
+    fn published(&self, members: &[NodeId]) -> bool {
+        if !self.opts.publish {
+            return true;
+        }
+        members.iter().all(|id| {
+            let Some(replica) = self.members[id].replica.as_ref() else { return false };
+            let shown = replica.store().members();
+            members.iter().all(|m| shown.get(&m.0) == Some(&self.members[m].attributes()))
+        })
+    }
+
+    /// Every member holds the same revision, the same kv hash, the same members' attributes,
+    /// and the model's data.
     fn check_converged(&self, members: &[NodeId]) -> Result<(), Violation> {
         let mut first: Option<(NodeId, cairn_kv::KvHash)> = None;
+        let mut attributes = None;
         let everything = RangeRequest {
             key: Bytes::from_static(b"\0"),
             range_end: Bytes::from_static(b"\0"),
@@ -100,6 +139,16 @@ impl World {
                 Some((other, h)) if *h != hash => {
                     return Err(Violation(format!(
                         "convergence: members {other} and {id} differ: {h:?} and {hash:?}"
+                    )))
+                }
+                Some(_) => {}
+            }
+            let shown = store.members();
+            match &attributes {
+                None => attributes = Some((*id, shown)),
+                Some((other, a)) if *a != shown => {
+                    return Err(Violation(format!(
+                        "convergence: members {other} and {id} show different attributes: {a:?} and {shown:?}"
                     )))
                 }
                 Some(_) => {}

@@ -15,7 +15,8 @@
 //!
 //! Other flags: --chaos X (multiply crash, partition and disk fault rates), --max-msg-bytes B
 //! (batch size of Appends), --fault-ticks N (length of the fault phase), --snapshot-entries N
-//! (entries between log compactions), --no-membership, --threads N.
+//! (entries between log compactions), --no-membership, --no-publish (members do not publish
+//! their attributes), --threads N.
 //! ```
 
 use std::process::ExitCode;
@@ -29,6 +30,7 @@ struct Args {
     voters: Option<usize>,
     read_mode: Option<ReadMode>,
     membership: bool,
+    publish: bool,
     fault_ticks: Option<u64>,
     bug: Option<PlantedBug>,
     replica_bug: Option<ReplicaBug>,
@@ -80,6 +82,7 @@ fn parse() -> Result<Args, String> {
         voters: None,
         read_mode: None,
         membership: true,
+        publish: true,
         fault_ticks: None,
         bug: None,
         replica_bug: None,
@@ -95,7 +98,14 @@ fn parse() -> Result<Args, String> {
     while let Some(flag) = it.next() {
         let switch = matches!(
             flag.as_str(),
-            "--lease" | "--safe" | "--no-membership" | "--trace" | "--stack" | "-h" | "--help"
+            "--lease"
+                | "--safe"
+                | "--no-membership"
+                | "--no-publish"
+                | "--trace"
+                | "--stack"
+                | "-h"
+                | "--help"
         );
         let v = if switch {
             String::new()
@@ -113,6 +123,7 @@ fn parse() -> Result<Args, String> {
             "--lease" => a.read_mode = Some(ReadMode::Lease),
             "--safe" => a.read_mode = Some(ReadMode::Safe),
             "--no-membership" => a.membership = false,
+            "--no-publish" => a.publish = false,
             "--fault-ticks" => a.fault_ticks = Some(num(&flag, &v)?),
             "--trace" => a.trace = true,
             "--chaos" => a.chaos = Some(num(&flag, &v)?),
@@ -147,6 +158,7 @@ fn main() -> ExitCode {
         o.voters = args.voters.unwrap_or(o.voters);
         o.read_mode = args.read_mode.unwrap_or(o.read_mode);
         o.membership = args.membership;
+        o.publish = args.publish;
         o.fault_ticks = args.fault_ticks.unwrap_or(o.fault_ticks);
         o.bug = args.bug;
         o.replica_bug = args.replica_bug;

@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use cairn_kv::Store;
+use cairn_kv::{MemberAttributes, Store};
 use cairn_node::committer::Committer;
 use cairn_node::{Bootstrap, Replica, ReplicaConfig, RequestIds};
 use cairn_raft::{ConfState, LogIndex, NodeId};
@@ -30,6 +30,8 @@ pub struct SimMember {
     cfg: ReplicaConfig,
     /// The founding configuration, for a founding member's first start.
     founding: Option<ConfState>,
+    /// Whether the member publishes its attributes ([`SimMember::attributes`]).
+    publish: bool,
     pub disk: FaultyDir,
     pub backend: SimBackend,
     /// `None` while crashed.
@@ -41,6 +43,8 @@ pub struct SimMember {
     pub tick_period: u64,
     pub next_tick_at: u64,
     pub restart_at: Option<u64>,
+    /// Starts so far: a member's client URLs change every other start.
+    pub lives: u64,
     /// Highest commit index seen in this life, for the monotonicity check.
     pub seen_commit: LogIndex,
     /// Highest executed index seen in this life, for the monotonicity check.
@@ -50,11 +54,17 @@ pub struct SimMember {
 }
 
 impl SimMember {
-    pub fn new(cfg: ReplicaConfig, founding: Option<ConfState>, tick_period: u64) -> SimMember {
+    pub fn new(
+        cfg: ReplicaConfig,
+        founding: Option<ConfState>,
+        publish: bool,
+        tick_period: u64,
+    ) -> SimMember {
         SimMember {
             id: cfg.raft.id,
             cfg,
             founding,
+            publish,
             disk: FaultyDir::default(),
             backend: SimBackend::default(),
             replica: None,
@@ -63,6 +73,7 @@ impl SimMember {
             tick_period,
             next_tick_at: tick_period,
             restart_at: None,
+            lives: 0,
             seen_commit: LogIndex::ZERO,
             seen_executed: 0,
             last_traced: None,
@@ -80,8 +91,13 @@ impl SimMember {
         };
         // Time in the simulator is in units; a unit counts as a millisecond for request ids.
         let micros = now * 1000;
+        self.lives += 1;
+        let mut cfg = self.cfg.clone();
+        if self.publish {
+            cfg.publish = Some(self.attributes());
+        }
         let replica = Replica::open_with(
-            self.cfg.clone(),
+            cfg,
             self.disk.clone(),
             WalOptions { segment_bytes: SEGMENT_BYTES },
             store.clone(),
@@ -107,6 +123,14 @@ impl SimMember {
         self.disk.crash(rng.next_u64());
         self.backend.crash(rng);
         self.restart_at = Some(restart_at);
+    }
+
+    /// The attributes this life of the member publishes: the same URLs for two lives in a row,
+    /// so some restarts republish and some must not.
+    pub fn attributes(&self) -> MemberAttributes {
+        let id = self.id.0;
+        let url = format!("http://m{id}-v{}:2379", self.lives.div_ceil(2));
+        MemberAttributes { name: format!("m{id}"), client_urls: vec![url] }
     }
 
     pub fn is_up(&self) -> bool {

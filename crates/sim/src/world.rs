@@ -64,7 +64,7 @@ impl World {
         for id in (1..=total as u64).map(NodeId) {
             let conf = voters.contains(&id).then(|| founding.clone());
             let period = rng.between(TICK_UNITS - DRIFT_UNITS, TICK_UNITS + DRIFT_UNITS);
-            let mut m = SimMember::new(replica_config(&opts, id), conf, period);
+            let mut m = SimMember::new(replica_config(&opts, id), conf, opts.publish, period);
             m.start(0).map_err(Violation)?;
             applied.insert(
                 id,

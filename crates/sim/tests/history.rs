@@ -179,6 +179,10 @@ fn a_correct_concurrent_history_passes() {
     r.ack(4);
     assert!(matches!(&r.results[&4], Ok(CommandResponse::Txn(t)) if t.succeeded));
     unknowns_compactions_and_historical_reads(&mut r);
+    // A member's own entry (index 9) is no client's request, though its id is one of theirs:
+    // each member draws ids from its own counter.
+    let attributes = MemberAttributes { name: "m2".into(), client_urls: vec!["u".into()] };
+    r.append(Some((4, Command::PublishMember { member: 2, attributes })));
     let stats = r.h.check().unwrap_or_else(|v| panic!("{}", v.0));
     let want = HistoryStats {
         writes_acked: 6,
@@ -187,8 +191,9 @@ fn a_correct_concurrent_history_passes() {
         unknown_applied: 1,
         reads_checked: 4,
         reads_unanswered: 1,
-        log_entries: 8,
-        executions_checked: 15,
+        log_entries: 9,
+        publishes: 1,
+        executions_checked: 17,
     };
     assert_eq!(stats, want);
 }
@@ -682,6 +687,7 @@ fn changed_write(result: &WriteResult) -> WriteResult {
         Ok(CommandResponse::Compact(c)) => {
             Ok(CommandResponse::Compact(CompactResponse { revision: bump(c.revision) }))
         }
+        Ok(CommandResponse::PublishMember) => Err(KvError::Compacted),
         Err(KvError::Compacted) => Err(KvError::FutureRev),
         Err(_) => Err(KvError::Compacted),
     }

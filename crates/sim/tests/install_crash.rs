@@ -2,7 +2,8 @@
 //! snapshot receives one, and its disk fails at each step of the install in turn: the store's
 //! atomic replace, then each write of the log after it (the install record, its sync, the
 //! entries after it). The member crashes, restarts from what its disks kept, and must catch up
-//! to the same state as the others: the same revision and the same etcd HashKV.
+//! to the same state as the others: the same revision, the same etcd HashKV and the same
+//! members' attributes (every member publishes its own).
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -47,7 +48,7 @@ impl Cluster {
         let founding = ConfState::with_voters([NodeId(1), NodeId(2), NodeId(3)]);
         let mut members = BTreeMap::new();
         for id in 1..=3 {
-            let mut m = SimMember::new(config(id), Some(founding.clone()), 20);
+            let mut m = SimMember::new(config(id), Some(founding.clone()), true, 20);
             m.start(0).unwrap();
             members.insert(id, m);
         }
@@ -173,6 +174,10 @@ fn install_with(fault: Fault, seed: u64) {
         .collect();
     assert_eq!(hashes[0].revision, Revision(46), "{fault:?} seed {seed}");
     assert!(hashes.iter().all(|h| *h == hashes[0]), "{fault:?} seed {seed}: {hashes:?}");
+    let shown: Vec<_> =
+        (1..=3).map(|id| c.member(id).replica.as_ref().unwrap().store().members()).collect();
+    assert_eq!(shown[0].len(), 3, "{fault:?} seed {seed}: {shown:?}");
+    assert!(shown.iter().all(|s| *s == shown[0]), "{fault:?} seed {seed}: {shown:?}");
 }
 
 #[test]

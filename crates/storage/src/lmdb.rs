@@ -1,5 +1,6 @@
-//! The state machine's backend in LMDB (through heed): the kv history and its meta in one
-//! environment, each batch committed in one write transaction.
+//! The state machine's backend in LMDB (through heed): the kv history, its meta and the members'
+//! published attributes in one environment, each batch committed in one write transaction, so
+//! the applied index never disagrees with the attributes it covers.
 //!
 //! Durability: the environment uses `NO_META_SYNC`, so LMDB stays consistent after a crash but
 //! may lose its last commit; that is safe because the WAL is the durability point and a restart
@@ -11,7 +12,9 @@ use std::path::{Path, PathBuf};
 use cairn_kv::backend::{
     parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
 };
-use cairn_kv::{Revision, RevisionId};
+use std::collections::BTreeMap;
+
+use cairn_kv::{MemberAttributes, Revision, RevisionId};
 use heed::types::Bytes as Raw;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
 
@@ -70,6 +73,8 @@ pub struct LmdbBackend {
     env: Env<WithoutTls>,
     history: Database<Raw, Raw>,
     meta: Database<Raw, Raw>,
+    /// Member id (big-endian u64) to its encoded attributes.
+    members: Database<Raw, Raw>,
     path: PathBuf,
 }
 
@@ -97,8 +102,10 @@ impl LmdbBackend {
             env.create_database(&mut wtxn, Some("history")).map_err(open_err("create db", path))?;
         let meta =
             env.create_database(&mut wtxn, Some("meta")).map_err(open_err("create db", path))?;
+        let members =
+            env.create_database(&mut wtxn, Some("members")).map_err(open_err("create db", path))?;
         wtxn.commit().map_err(open_err("commit", path))?;
-        Ok(LmdbBackend { env, history, meta, path: path.to_path_buf() })
+        Ok(LmdbBackend { env, history, meta, members, path: path.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
@@ -135,6 +142,7 @@ pub struct LmdbView<'a> {
     txn: RoTxn<'a, WithoutTls>,
     history: Database<Raw, Raw>,
     meta: Database<Raw, Raw>,
+    members: Database<Raw, Raw>,
 }
 
 impl std::fmt::Debug for LmdbView<'_> {
@@ -148,7 +156,7 @@ impl Backend for LmdbBackend {
 
     fn view(&self) -> Result<LmdbView<'_>, BackendError> {
         let txn = self.env.read_txn().map_err(err("begin read"))?;
-        Ok(LmdbView { txn, history: self.history, meta: self.meta })
+        Ok(LmdbView { txn, history: self.history, meta: self.meta, members: self.members })
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
@@ -158,6 +166,11 @@ impl Backend for LmdbBackend {
         }
         for rev in &batch.deletes {
             self.history.delete(&mut wtxn, &revision_key(*rev)).map_err(err("delete"))?;
+        }
+        for (id, attributes) in &batch.members {
+            self.members
+                .put(&mut wtxn, &id.to_be_bytes(), attributes)
+                .map_err(err("put member"))?;
         }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
@@ -172,6 +185,12 @@ impl Backend for LmdbBackend {
         self.history.clear(&mut wtxn).map_err(err("clear"))?;
         for (rev, rec) in &batch.puts {
             self.history.put(&mut wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
+        }
+        self.members.clear(&mut wtxn).map_err(err("clear members"))?;
+        for (id, attributes) in &batch.members {
+            self.members
+                .put(&mut wtxn, &id.to_be_bytes(), attributes)
+                .map_err(err("put member"))?;
         }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
@@ -218,5 +237,16 @@ impl BackendView for LmdbView<'_> {
             Some(raw) => decode_meta(raw),
             None => Ok(Meta::default()),
         }
+    }
+
+    fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
+        let mut out = BTreeMap::new();
+        for item in self.members.iter(&self.txn).map_err(err("scan members"))? {
+            let (k, v) = item.map_err(err("scan members"))?;
+            let id: [u8; 8] =
+                k.try_into().map_err(|_| BackendError::Corrupt("bad member id key"))?;
+            out.insert(u64::from_be_bytes(id), MemberAttributes::decode(v)?);
+        }
+        Ok(out)
     }
 }

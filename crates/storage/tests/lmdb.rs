@@ -1,6 +1,6 @@
 //! The MVCC store over LMDB against the model, across restarts: the environment is closed and
-//! reopened, and the index rebuilt from what LMDB holds. Replacing the whole history (installing
-//! a snapshot image) is atomic and durable.
+//! reopened, and the index rebuilt from what LMDB holds; members' published attributes survive
+//! with it. Replacing the whole history (installing a snapshot image) is atomic and durable.
 
 use bytes::Bytes;
 use cairn_kv::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
@@ -22,6 +22,14 @@ fn key(r: &mut Rng) -> Bytes {
 }
 
 fn command(r: &mut Rng, current: Revision) -> Command {
+    if r.next(8) == 0 {
+        let member = 1 + r.next(3);
+        let attributes = MemberAttributes {
+            name: format!("m{member}"),
+            client_urls: (0..r.next(3)).map(|i| format!("http://m{member}-{i}:2379")).collect(),
+        };
+        return Command::PublishMember { member, attributes };
+    }
     match r.next(10) {
         0..=4 => Command::Put(PutRequest {
             key: key(r),
@@ -78,6 +86,8 @@ fn lmdb_store_matches_the_model_across_restarts() {
         let store = Store::open(LmdbBackend::open(&dir, 1 << 26).unwrap()).unwrap();
         assert_eq!(store.applied_index(), raft_index, "round {round}: applied index survives");
         assert_eq!(store.range(&everything(0)), model.range(&everything(0)));
+        assert_eq!(&store.members(), model.members(), "round {round}: attributes survive");
+        assert!(round == 0 || !model.members().is_empty(), "the rounds published nothing");
         for _ in 0..60 {
             let cmd = command(&mut rng, model.current());
             raft_index += 1;
@@ -122,6 +132,19 @@ fn meta(applied_index: u64, current: i64) -> Meta {
     Meta { applied_index, current: Revision(current), ..Meta::default() }
 }
 
+fn attributes(name: &[u8]) -> Vec<u8> {
+    let name = String::from_utf8(name.to_vec()).unwrap();
+    MemberAttributes { client_urls: vec![format!("http://{name}:2379")], name }.encode()
+}
+
+/// The members' attributes a batch of `records` stores (see `batch` below), decoded.
+fn members_of(
+    records: &[(RevisionId, Record)],
+) -> std::collections::BTreeMap<u64, MemberAttributes> {
+    let decode = |rec: &Record| MemberAttributes::decode(&attributes(&rec.key)).unwrap();
+    records.iter().map(|(r, rec)| (r.main.0 as u64, decode(rec))).collect()
+}
+
 /// Everything a backend holds: its history and meta.
 fn contents(backend: &LmdbBackend) -> (Vec<(RevisionId, Record)>, Meta) {
     let view = backend.view().unwrap();
@@ -141,8 +164,10 @@ fn replace_swaps_the_whole_history_atomically() {
     let new = vec![(rev_id(3, 0), record("n1", "a", 3)), (rev_id(7, 1), record("n2", "b", 7))];
     let batch = |records: &[(RevisionId, Record)], meta: Meta| WriteBatch {
         puts: records.iter().map(|(r, rec)| (*r, rec.encode())).collect(),
-        deletes: Vec::new(),
+        // A member for each record's key: the old batch's go, the new batch's stay.
+        members: records.iter().map(|(r, rec)| (r.main.0 as u64, attributes(&rec.key))).collect(),
         meta: Some(meta),
+        ..WriteBatch::default()
     };
     {
         let backend = LmdbBackend::open(&dir, 1 << 20).unwrap();
@@ -160,8 +185,10 @@ fn replace_swaps_the_whole_history_atomically() {
             .unwrap();
         assert_eq!(seen, old.len());
         assert_eq!(before.meta().unwrap(), meta(10, 39));
+        assert_eq!(before.members().unwrap(), members_of(&old));
         drop(before);
         assert_eq!(contents(&backend), (new.clone(), meta(20, 7)));
+        assert_eq!(backend.view().unwrap().members().unwrap(), members_of(&new));
 
         // A replace that fails part way (the map is full) leaves the contents it found.
         let huge: Vec<_> = (0..64)
@@ -171,9 +198,11 @@ fn replace_swaps_the_whole_history_atomically() {
         assert!(matches!(err, BackendError::Engine(_)), "{err:?}");
         assert!(err.to_string().contains("lmdb: "), "{err}");
         assert_eq!(contents(&backend), (new.clone(), meta(20, 7)));
+        assert_eq!(backend.view().unwrap().members().unwrap(), members_of(&new));
     }
     let reopened = LmdbBackend::open(&dir, 1 << 20).unwrap();
-    assert_eq!(contents(&reopened), (new, meta(20, 7)));
+    assert_eq!(contents(&reopened), (new.clone(), meta(20, 7)));
+    assert_eq!(reopened.view().unwrap().members().unwrap(), members_of(&new));
     drop(reopened);
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -226,6 +255,9 @@ fn an_installed_image_survives_a_reopen() {
         assert_eq!(target.range(&everything(rev)), model.range(&everything(rev)), "at {rev}");
         assert_eq!(target.hash_kv(Revision(rev)), source.hash_kv(Revision(rev)), "at {rev}");
     }
+    // The image carries the members' attributes, and a reopen finds them.
+    assert!(!source.members().is_empty(), "the source published nothing");
+    assert_eq!(target.members(), source.members());
     assert_eq!(target.image().unwrap(), image);
     drop(target);
     std::fs::remove_dir_all(&dir).unwrap();

@@ -58,10 +58,11 @@ impl<B: Backend> Store<B> {
     }
 
     /// An image of the executed state (what reads see) at [`Store::executed_index`]: its current
-    /// and compacted revisions and every record the index references once compaction is
-    /// complete, so the image does not depend on how far compaction got.
+    /// and compacted revisions, every record the index references once compaction is
+    /// complete (so the image does not depend on how far compaction got), and every member's
+    /// published attributes.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let (meta, capture) = {
+        let (meta, members, capture) = {
             let inner = self.read();
             let meta = ImageMeta {
                 applied_index: inner.exec_applied,
@@ -69,11 +70,11 @@ impl<B: Backend> Store<B> {
                 compacted: inner.exec_compacted,
             };
             let revs = inner.index.retained(inner.exec_compacted);
-            (meta, self.capture(&inner, revs)?)
+            (meta, inner.members.clone(), self.capture(&inner, revs)?)
         };
         let mut encoder = Encoder::new(meta);
         capture.visit(|rev, record| encoder.push(rev, record))?;
-        Ok(encoder.finish())
+        Ok(encoder.finish(&members))
     }
 
     /// Replaces the whole state with `image`, durably, and returns its header. The image is
@@ -91,16 +92,18 @@ impl<B: Backend> Store<B> {
         };
         let mut index = Index::default();
         let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
-        for (rev, record) in image.into_records() {
+        let (records, members) = image.into_parts();
+        for (rev, record) in records {
             batch.puts.push((rev, record.encode()));
             index.push(record.key.clone(), IndexEntry::of(rev, &record));
         }
+        batch.members = members.iter().map(|(id, a)| (*id, a.encode())).collect();
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let installed = Inner::new(index, meta, inner.epoch + 1);
+            let installed = Inner::new(index, members, meta, inner.epoch + 1);
             debug_assert!(installed.to_remove.is_empty(), "decode admits only kept records");
             *inner = installed;
         }

@@ -167,7 +167,16 @@ pub fn everything_at(rev: i64) -> RangeRequest {
     RangeRequest { revision: Revision(rev), ..everything() }
 }
 
-/// Any mutating command, compactions included.
+/// A member publishing its attributes; three members, so they overwrite each other's.
+pub fn publish() -> impl Strategy<Value = Command> {
+    let urls = prop::collection::vec("http://[a-c]{1,2}:2379", 0..3);
+    (1u64..4, "[a-z]{0,3}", urls).prop_map(|(member, name, client_urls)| Command::PublishMember {
+        member,
+        attributes: MemberAttributes { name, client_urls },
+    })
+}
+
+/// Any mutating command, compactions and member attributes included.
 pub fn command() -> impl Strategy<Value = Command> {
     let compact = |r| Command::Compact(CompactRequest { revision: Revision(r), physical: false });
     prop_oneof![
@@ -175,6 +184,7 @@ pub fn command() -> impl Strategy<Value = Command> {
         2 => delete_req().prop_map(Command::DeleteRange),
         3 => txn(1).prop_map(Command::Txn),
         1 => (0i64..30).prop_map(compact),
+        1 => publish(),
     ]
 }
 

@@ -116,6 +116,14 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             .collect();
         let (outcomes, prepared) = self.store.execute(&batch)?;
         self.work.commits.push(prepared);
+        let me = self.raft.id().0;
+        if decoded
+            .iter()
+            .flatten()
+            .any(|(_, c)| matches!(c, Command::PublishMember { member, .. } if *member == me))
+        {
+            self.unsettle_publisher();
+        }
         for ((entry, request), outcome) in entries.into_iter().zip(decoded).zip(outcomes) {
             if let (Some((id, cmd)), Some(result)) = (&request, &outcome) {
                 self.answer_proposal(*id, &entry, cmd, result);

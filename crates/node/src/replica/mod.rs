@@ -13,6 +13,7 @@
 
 mod apply;
 mod moves;
+mod publish;
 mod snapshot;
 
 use std::collections::BTreeMap;
@@ -139,7 +140,10 @@ pub struct Replica<D: Dir, B: Backend, T> {
     physical: Vec<(T, CommandResponse)>,
     /// Callers waiting for leadership to move.
     moves: Vec<moves::Move<T>>,
-    read_ids: RequestIds,
+    /// Ids of what the replica asks for itself: reads' contexts and its attributes' proposals.
+    own_ids: RequestIds,
+    /// Publishes this member's attributes, if it has any to publish.
+    publisher: Option<publish::Publisher>,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
     /// A store sync was asked for and not yet reported.
@@ -225,7 +229,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             reads_at: BTreeMap::new(),
             physical: Vec::new(),
             moves: Vec::new(),
-            read_ids: RequestIds::new(id.0, now_micros),
+            own_ids: RequestIds::new(id.0, now_micros),
+            publisher: cfg.publish.clone().map(|a| {
+                let election = u64::from(cfg.raft.election_timeout_ticks);
+                publish::Publisher::new(a, election, timeout)
+            }),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
@@ -253,7 +261,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((token, Ok(Reply::Read)));
             return;
         }
-        let id = self.read_ids.next_id();
+        let id = self.own_ids.next_id();
         match self.raft.read_index(id.to_ctx()) {
             Ok(()) => self.reads.register(id, Read { token, index: None }, self.ticks),
             // The only refusal: no leader to ask.
@@ -358,6 +366,24 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             return Err(StorageError::LogLost { last, commit });
         }
         self.propose_incoming();
+        self.handle_readies(early)?;
+        // Once everything committed is applied: the store shows what the cluster holds.
+        if self.maybe_publish() {
+            self.handle_readies(early)?;
+        }
+        self.incoming_image = None;
+        self.outgoing_image = None;
+        self.release_reads();
+        self.release_physical();
+        self.maybe_compact_log()?;
+        self.maybe_ask_store_sync();
+        Ok(())
+    }
+
+    fn handle_readies(
+        &mut self,
+        early: &mut dyn FnMut(&mut Vec<Message>),
+    ) -> Result<(), StorageError> {
         while self.raft.has_ready() {
             let rd = self.raft.ready();
             let empty = is_empty(&rd);
@@ -367,12 +393,6 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             // forever (simulator seed 167 found one): fail loudly instead.
             assert!(!empty || !self.raft.has_ready(), "the core keeps asking for empty Readies");
         }
-        self.incoming_image = None;
-        self.outgoing_image = None;
-        self.release_reads();
-        self.release_physical();
-        self.maybe_compact_log()?;
-        self.maybe_ask_store_sync();
         Ok(())
     }
 

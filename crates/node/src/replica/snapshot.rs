@@ -82,10 +82,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// another), never installed, and never a reason to stop. So is a snapshot older than what
     /// the store has executed: installing it would take the store back in time (the core can
     /// know less than the store after a crash between the store's install and the log's
-    /// record of it). The leader's next snapshot is newer.
+    /// record of it). The leader's next snapshot is newer. One at exactly the executed index
+    /// holds the state the store holds, and is installed: a member whose store is ahead of its
+    /// log (an empty log, after such a crash) would otherwise wait for the cluster's next write
+    /// to catch up, forever in an idle cluster (the simulator found a learner stuck so).
     pub(super) fn accept_snapshot_image(&mut self, mut msg: Message) -> Option<Message> {
         let MessageBody::Snapshot { snapshot } = &mut msg.body else { return Some(msg) };
-        if snapshot.meta.index.0 <= self.store.executed_index() {
+        if snapshot.meta.index.0 < self.store.executed_index() {
             return None;
         }
         let data = std::mem::take(&mut snapshot.data);
@@ -125,6 +128,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
         self.store_durable = meta.index;
+        // The image brought the cluster's attributes for this member, whatever they are.
+        self.unsettle_publisher();
         // Proposals this member appended as leader up to the snapshot are covered by it or were
         // replaced; which, the image cannot tell. Their outcome is unknown.
         let covered: Vec<_> =
