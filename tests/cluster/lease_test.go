@@ -25,17 +25,7 @@ func TestLeaseReadAfterLeaderStall(t *testing.T) {
 		}
 		c.pause(old)
 		fresh := c.client(c.members[c.others(old)[0]].url)
-		for attempt := 0; ; attempt++ {
-			try, cancelTry := context.WithTimeout(context.Background(), 3*time.Second)
-			_, err := fresh.Put(try, "k", "after")
-			cancelTry()
-			if err == nil {
-				break
-			}
-			if attempt == 4 {
-				t.Fatalf("the majority does not take writes while the leader is stopped: %v", err)
-			}
-		}
+		c.putAfterLeaderLoss(fresh, "k", "after")
 		// A read sent to the stopped leader waits in its socket until it resumes.
 		got := make(chan string, 1)
 		go func() {

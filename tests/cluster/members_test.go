@@ -348,6 +348,24 @@ func (c *cluster) agreedLeader(cl *clientv3.Client) (int, bool) {
 	return i, ok
 }
 
+// putAfterLeaderLoss writes through cl while the old leader is cut off or stopped, trying up
+// to five times: the first attempts may reach the old leader through a member that has not
+// noticed yet, and time out (etcd answers the same).
+func (c *cluster) putAfterLeaderLoss(cl *clientv3.Client, key, value string) {
+	c.t.Helper()
+	for attempt := 0; ; attempt++ {
+		try, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		_, err := cl.Put(try, key, value)
+		cancel()
+		if err == nil {
+			return
+		}
+		if attempt == 4 {
+			c.t.Fatalf("the majority does not take writes without the old leader: %v", err)
+		}
+	}
+}
+
 // memberID is member i's id as it reports it.
 func (c *cluster) memberID(cl *clientv3.Client, i int) (uint64, error) {
 	cx, cancel := context.WithTimeout(context.Background(), 2*time.Second)

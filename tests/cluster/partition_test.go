@@ -20,19 +20,7 @@ func TestPartitionCutsOffTheLeader(t *testing.T) {
 	majority := c.client(c.members[c.others(old)[0]].url)
 	cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	// The first attempts may go to the old leader, through a follower that has not noticed yet:
-	// those time out (etcd answers the same), and the client tries again.
-	for attempt := 0; ; attempt++ {
-		try, cancelTry := context.WithTimeout(context.Background(), 3*time.Second)
-		_, err := majority.Put(try, "after", "partition")
-		cancelTry()
-		if err == nil {
-			break
-		}
-		if attempt == 4 {
-			t.Fatalf("the majority does not take writes: %v", err)
-		}
-	}
+	c.putAfterLeaderLoss(majority, "after", "partition")
 	short, cancelShort := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancelShort()
 	if _, err := isolated.Get(short, "after"); err == nil {
