@@ -48,12 +48,7 @@ pub async fn serve(
         .map_err(anyhow::Error::msg)?;
     let max_request = cfg.engine.max_request_bytes;
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
-    let ctx = services::Ctx {
-        engine: engine.clone(),
-        name: cfg.engine.name.clone(),
-        client_urls: cfg.engine.advertise_client_urls.clone(),
-        peer_urls: cfg.advertise_peer_urls.clone(),
-    };
+    let ctx = services::Ctx { engine: engine.clone(), peer_urls: cfg.advertise_peer_urls.clone() };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
     let max_decode = max_request + 512 * 1024;

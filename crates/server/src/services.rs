@@ -20,8 +20,6 @@ pub const ETCD_COMPATIBLE_VERSION: &str = "3.6.5";
 #[derive(Clone, Debug)]
 pub struct Ctx {
     pub engine: Arc<Engine>,
-    pub name: String,
-    pub client_urls: Vec<String>,
     pub peer_urls: Vec<String>,
 }
 
@@ -198,9 +196,9 @@ impl pb::cluster_server::Cluster for Ctx {
         let (_, member_id) = self.engine.identity();
         let me = pb::Member {
             id: member_id,
-            name: self.name.clone(),
+            name: self.engine.config().name.clone(),
             peer_ur_ls: self.peer_urls.clone(),
-            client_ur_ls: self.client_urls.clone(),
+            client_ur_ls: self.engine.config().advertise_client_urls.clone(),
             is_learner: false,
         };
         let members = match &self.engine.config().cluster {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
-use cairn_raft::{EntryPayload, Message, MessageBody, NodeId};
+use cairn_raft::{Message, MessageBody, NodeId};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
@@ -30,22 +30,17 @@ const MAX_BACKOFF: Duration = Duration::from_millis(500);
 const MAX_BATCH: usize = 256;
 /// A frame is closed once it holds this much entry data, so that a burst of large appends
 /// never makes a frame the receiver refuses (64 MiB by default): 256 appends of 1 MiB would.
-const FRAME_DATA_TARGET: usize = 4 << 20;
+const FRAME_DATA_TARGET: u64 = 4 << 20;
 
-/// Encodes `msgs` as frames of at most about [`FRAME_DATA_TARGET`] of entry data each (one
-/// message larger than that gets a frame of its own).
+/// Encodes `msgs` as frames of at most about [`FRAME_DATA_TARGET`] of entry data each, counted
+/// as the core counts entries for its byte limits (one message larger than that gets a frame
+/// of its own).
 fn encode_frames(msgs: &[Message], out: &mut Vec<u8>) {
     let mut start = 0;
-    let mut data = 0;
+    let mut data = 0u64;
     for (i, m) in msgs.iter().enumerate() {
         let size = match &m.body {
-            MessageBody::Append { entries, .. } => entries
-                .iter()
-                .map(|e| match &e.payload {
-                    EntryPayload::Normal(b) => b.len(),
-                    EntryPayload::ConfChange(_) => 64,
-                })
-                .sum(),
+            MessageBody::Append { entries, .. } => entries.iter().map(|e| e.size_bytes()).sum(),
             _ => 0,
         };
         if i > start && data + size > FRAME_DATA_TARGET {
