@@ -76,22 +76,28 @@ func describe(faults []fault) string {
 func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 	lead := c.leader(admin)
 	follower := (lead + 1 + f.choice) % len(c.members)
+	// single applies act to one member and says which.
+	single := func(target int, act func(int)) string {
+		act(target)
+		return fmt.Sprintf("%s (m%d)", f.kind, target)
+	}
+	isolate := func(i int) { c.proxy.partition([]int{i}, c.others(i)) }
 	var did string
 	switch f.kind {
-	case killLeader, killFollower, pauseLeader, pauseFollower, isolateLeader, isolateFollower:
-		target := lead
-		if f.kind == killFollower || f.kind == pauseFollower || f.kind == isolateFollower {
-			target = follower
-		}
-		did = fmt.Sprintf("%s (m%d)", f.kind, target)
-		switch f.kind {
-		case killLeader, killFollower:
-			c.kill(target)
-		case pauseLeader, pauseFollower:
-			c.pause(target)
-		default:
-			c.proxy.partition([]int{target}, c.others(target))
-		}
+	case killLeader:
+		did = single(lead, c.kill)
+	case killFollower:
+		did = single(follower, c.kill)
+	case pauseLeader:
+		did = single(lead, c.pause)
+	case pauseFollower:
+		did = single(follower, c.pause)
+	case isolateLeader:
+		did = single(lead, isolate)
+	case isolateFollower:
+		did = single(follower, isolate)
+	case restartLeader:
+		did = single(lead, func(i int) { c.signal(i, syscall.SIGTERM) })
 	case killMajority:
 		did = fmt.Sprintf("%s (m%d, m%d)", f.kind, lead, follower)
 		c.kill(lead)
@@ -103,9 +109,6 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 		}
 	case moveLeader:
 		did = fmt.Sprintf("%s (m%d to m%d): %v", f.kind, lead, follower, c.move(lead, follower))
-	case restartLeader:
-		did = fmt.Sprintf("%s (m%d)", f.kind, lead)
-		c.signal(lead, syscall.SIGTERM)
 	}
 	time.Sleep(f.hold)
 	c.heal()
