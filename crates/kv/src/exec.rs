@@ -7,6 +7,7 @@
 //! (so a bad op fails the whole transaction), and later ops see earlier ops' writes.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -14,6 +15,7 @@ use crate::backend::{BackendError, BackendView, Record, WriteBatch};
 use crate::index::{Index, IndexEntry};
 use crate::range::{self, KeyRange};
 use crate::types::*;
+use crate::watch::{owned, Event, EventKind};
 use crate::KvError;
 
 /// The apply path's view: the index (with this batch's changes), committed records, and the
@@ -30,6 +32,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) compact_to: Option<Revision>,
     /// Every member's published attributes, with this batch's changes.
     pub(crate) members: &'a mut BTreeMap<u64, MemberAttributes>,
+    /// The events of the command being executed, for watchers.
+    pub(crate) events: Vec<Arc<Event>>,
 }
 
 /// Reads at a revision: from the index, committed records, and (on the apply path) the records
@@ -223,7 +227,17 @@ impl<V: BackendView> Exec<'_, V> {
             lease,
             tombstone: false,
         };
+        let kv = KeyValue {
+            key: req.key.clone(),
+            create_revision: record.create,
+            mod_revision: id.main,
+            version: record.version,
+            value: record.value.clone(),
+            lease: record.lease,
+        };
         self.write(id, req.key.clone(), record);
+        let event_prev = prev_kv.clone().map(owned);
+        self.events.push(Arc::new(Event::new(EventKind::Put, owned(kv), event_prev)));
         Ok(PutResponse { revision: id.main, prev_kv: prev_kv.filter(|_| req.prev_kv) })
     }
 
@@ -240,10 +254,13 @@ impl<V: BackendView> Exec<'_, V> {
         });
         let mut prev_kvs = Vec::new();
         for (key, e) in &live {
+            let prev = self.kv(key, *e, true)?;
             if req.prev_kv {
-                prev_kvs.push(self.kv(key, *e, true)?);
+                prev_kvs.push(prev.clone());
             }
             let id = w.next_id();
+            let kv = KeyValue { key: key.clone(), mod_revision: id.main, ..KeyValue::default() };
+            self.events.push(Arc::new(Event::new(EventKind::Delete, owned(kv), Some(owned(prev)))));
             let record = Record {
                 key: key.clone(),
                 value: Bytes::new(),

@@ -18,9 +18,10 @@ pub mod snapshot;
 mod store;
 mod types;
 pub mod validate;
+pub mod watch;
 
 pub use error::KvError;
 pub use hash::KvHash;
 pub use snapshot::{ImageMeta, InstallError};
-pub use store::{Applied, Outcome, Prepared, Store};
+pub use store::{Applied, History, Outcome, Prepared, Store};
 pub use types::*;

@@ -132,6 +132,31 @@ impl Model {
         Ok(RangeResponse { revision: current, kvs, more, count })
     }
 
+    /// Every change from revision `from` on, by revision, each revision's changes in key order:
+    /// `(revision, key, the key's state after (None: deleted), its state just before)`. What a
+    /// watcher from `from` must receive; refused below the compaction point, as watches are.
+    #[allow(clippy::type_complexity)]
+    pub fn changes_from(
+        &self,
+        from: Revision,
+    ) -> Result<Vec<(Revision, Bytes, Option<KeyValue>, Option<KeyValue>)>, KvError> {
+        if from < self.compacted {
+            return Err(KvError::Compacted);
+        }
+        let mut out = Vec::new();
+        for (key, changes) in &self.history {
+            for (i, (rev, state)) in changes.iter().enumerate() {
+                if *rev < from {
+                    continue;
+                }
+                let before = i.checked_sub(1).and_then(|j| changes[j].1.clone());
+                out.push((*rev, key.clone(), state.clone(), before));
+            }
+        }
+        out.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        Ok(out)
+    }
+
     /// Applies a mutating command; on error nothing changes.
     pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
         let mut scratch = self.clone();

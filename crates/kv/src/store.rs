@@ -20,7 +20,10 @@
 //! state it replaced, so each [`Prepared`] carries the store's epoch, which an install advances,
 //! and [`Store::commit`] drops batches of an earlier epoch.
 
+mod events;
 mod image;
+
+pub use events::History;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
@@ -31,6 +34,7 @@ use crate::index::{Index, IndexEntry};
 use crate::types::{
     Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision, RevisionId,
 };
+use crate::watch::{EventRing, RevisionEvents, RING_BYTES};
 use crate::KvError;
 
 #[derive(Debug)]
@@ -57,6 +61,8 @@ struct Inner {
     epoch: u64,
     /// Every member's published attributes, as executed (what reads see).
     members: BTreeMap<u64, MemberAttributes>,
+    /// The events of the latest executed revisions, for watchers.
+    ring: EventRing,
 }
 
 impl Inner {
@@ -84,6 +90,7 @@ impl Inner {
             index_compaction: None,
             epoch,
             members,
+            ring: EventRing::new(RING_BYTES),
         }
     }
 }
@@ -190,6 +197,12 @@ impl<B: Backend> Store<B> {
         Ok(applied)
     }
 
+    /// Sets the budget of the ring of recent events (default [`RING_BYTES`]); watchers behind
+    /// it read the stored history instead. Clears the ring.
+    pub fn set_event_ring_bytes(&self, bytes: usize) {
+        self.write().ring = EventRing::new(bytes);
+    }
+
     /// Every member's published attributes, by member id, as executed.
     pub fn members(&self) -> BTreeMap<u64, MemberAttributes> {
         self.read().members.clone()
@@ -250,23 +263,9 @@ impl<B: Backend> Store<B> {
             compacted: inner.exec_compacted,
             compact_to: None,
             members: &mut inner.members,
+            events: Vec::new(),
         };
-        let mut outcomes = Vec::with_capacity(entries.len());
-        let mut failure = None;
-        for (raft_index, cmd) in entries {
-            let outcome = match cmd {
-                Some(cmd) if fresh(*raft_index) => {
-                    let r = exec.execute(cmd);
-                    if let Err(KvError::Backend(e)) = &r {
-                        failure = Some(e.clone());
-                        break;
-                    }
-                    Some(r)
-                }
-                _ => None,
-            };
-            outcomes.push(outcome);
-        }
+        let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
         inner.unflushed = std::mem::take(&mut exec.pending);
         if let Some(e) = failure {
             return Err(e);
@@ -280,6 +279,9 @@ impl<B: Backend> Store<B> {
         };
         inner.exec_current = prepared.current;
         inner.exec_applied = last_index;
+        for rev in revisions {
+            inner.ring.push(rev);
+        }
         if let Some(c) = prepared.compact_to {
             inner.exec_compacted = c;
         }
@@ -382,41 +384,36 @@ impl<B: Backend> Store<B> {
             || inner.index_compaction.is_some()
             || inner.compacted_physically != inner.compacted
     }
+}
 
-    /// Visits changes from revision `from` on, in order, committed or only executed (for watch
-    /// replay).
-    pub fn history_from(
-        &self,
-        from: Revision,
-        visit: &mut dyn FnMut(RevisionId, Record) -> bool,
-    ) -> Result<(), KvError> {
-        let inner = self.read();
-        if from < inner.exec_compacted {
-            return Err(KvError::Compacted);
-        }
-        let view = self.backend.view()?;
-        let mut overlay: Vec<(RevisionId, Record)> = inner
-            .unflushed
-            .iter()
-            .filter(|(r, _)| r.main >= from)
-            .map(|(r, rec)| (*r, rec.clone()))
-            .collect();
-        drop(inner);
-        overlay.sort_by_key(|(r, _)| *r);
-        let mut more = true;
-        view.scan(RevisionId { main: from, sub: 0 }, &mut |rev, rec| {
-            // Records still in the overlay (committed meanwhile) come from there, in order.
-            if overlay.first().is_some_and(|(r, _)| *r <= rev) {
-                return true;
+/// Runs the fresh entries (index above `before`): each one's outcome, the events of each
+/// revision they made, and the backend failure that stopped them, if one did.
+fn execute_all<V: BackendView>(
+    exec: &mut Exec<'_, V>,
+    entries: &[Applied<'_>],
+    before: u64,
+) -> (Vec<Outcome>, Vec<RevisionEvents>, Option<BackendError>) {
+    let mut outcomes = Vec::with_capacity(entries.len());
+    let mut revisions = Vec::new();
+    for (raft_index, cmd) in entries {
+        let outcome = match cmd {
+            Some(cmd) if *raft_index > before => {
+                let rev_before = exec.current;
+                let r = exec.execute(cmd);
+                if let Err(KvError::Backend(e)) = &r {
+                    return (outcomes, revisions, Some(e.clone()));
+                }
+                // A command that wrote nothing (or failed, which writes nothing) has no
+                // revision and no events.
+                let events = std::mem::take(&mut exec.events);
+                if exec.current != rev_before {
+                    revisions.push(RevisionEvents { revision: exec.current, events });
+                }
+                Some(r)
             }
-            more = visit(rev, rec);
-            more
-        })?;
-        for (rev, rec) in overlay {
-            if !more || !visit(rev, rec) {
-                break;
-            }
-        }
-        Ok(())
+            _ => None,
+        };
+        outcomes.push(outcome);
     }
+    (outcomes, revisions, None)
 }

@@ -3,6 +3,7 @@
 use bytes::Bytes;
 use cairn_kv::backend::MemBackend;
 use cairn_kv::validate::{check_put, check_txn, DEFAULT_MAX_TXN_OPS};
+use cairn_kv::watch::EventKind;
 use cairn_kv::*;
 
 fn b(s: &str) -> Bytes {
@@ -182,16 +183,19 @@ fn revisions_versions_and_compaction_boundaries() {
     assert!(matches!(apply(compact(4)), Ok(CommandResponse::Compact(_))));
     assert_eq!(get(3), Err(KvError::Compacted));
     assert!(get(4).unwrap().kvs.is_empty(), "reading at the compact revision is allowed");
-    // The deletion at the compact revision stays in history for a watch from there.
-    let mut seen = Vec::new();
-    store
-        .history_from(Revision(4), &mut |rev, rec| {
-            seen.push((rev.main, rec.tombstone));
-            true
-        })
-        .unwrap();
-    assert_eq!(seen, vec![(Revision(4), true), (Revision(5), false)]);
-    assert_eq!(store.history_from(Revision(3), &mut |_, _| true), Err(KvError::Compacted));
+    // The deletion at the compact revision stays in history for a watch from there, also once
+    // the history below it is physically gone (read from the history, not the ring).
     while store.compact_step(1).unwrap() {}
+    store.set_event_ring_bytes(0);
+    let History::Events(Some(run)) = store.events(Revision(4), 10).unwrap() else {
+        panic!("revision 4 has events")
+    };
+    let seen: Vec<_> = run
+        .revisions
+        .iter()
+        .flat_map(|r| r.events.iter().map(|e| (e.revision(), e.kind)))
+        .collect();
+    assert_eq!(seen, vec![(Revision(4), EventKind::Delete), (Revision(5), EventKind::Put)]);
+    assert!(matches!(store.events(Revision(3), 10), Ok(History::Compacted(Revision(4)))));
     assert!(store.physically_compacted());
 }

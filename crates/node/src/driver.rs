@@ -47,6 +47,13 @@ impl std::fmt::Debug for Input {
     }
 }
 
+/// What the driver tells those who wait on the member: watch streams and leadership watchers.
+#[derive(Debug)]
+pub(crate) struct Notify {
+    pub(crate) executed: tokio::sync::watch::Sender<cairn_kv::Revision>,
+    pub(crate) leadership: tokio::sync::watch::Sender<Option<crate::replica::Leadership>>,
+}
+
 /// Requests a turn takes at most before the replica processes them.
 const BATCH_MAX: usize = 4096;
 
@@ -60,6 +67,7 @@ pub(crate) struct Driver {
     transport: Option<Transport>,
     /// The leader last published, so that a change is logged once.
     leader: Option<(u64, u64)>,
+    notify: Notify,
 }
 
 impl Driver {
@@ -70,8 +78,9 @@ impl Driver {
         rx: Receiver<Input>,
         tick: Duration,
         transport: Option<Transport>,
+        notify: Notify,
     ) -> Driver {
-        Driver { replica, committer, shared, rx, tick, transport, leader: None }
+        Driver { replica, committer, shared, rx, tick, transport, leader: None, notify }
     }
 
     /// Executes what the log holds beyond the store, and elects this member at once if it is
@@ -180,7 +189,13 @@ impl Driver {
         if work.store_sync.take().is_some() {
             self.committer.send(Job::Sync)?;
         }
-        work.leadership = None;
+        if let Some(l) = work.leadership.take() {
+            self.notify.leadership.send_replace(Some(l));
+        }
+        // Watch streams read the events themselves; this only wakes them, and only if the
+        // revision moved (executions and snapshot installs move it).
+        let head = self.shared.store.current_revision();
+        self.notify.executed.send_if_modified(|r| std::mem::replace(r, head) != head);
         // Status first: a caller answered (a leader move, a write) sees the state its answer
         // reflects.
         self.publish_status();

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -27,6 +27,7 @@ use crate::ids::RequestIds;
 use crate::replica::{Bootstrap, Replica, Reply};
 use crate::request::{prepare, Limits};
 use crate::shared::{Shared, Status};
+use crate::watch::{LeadershipWatch, Watch, WatchStream};
 
 /// An embedded cairn: open it on a data directory and call it from async code.
 #[derive(Debug)]
@@ -111,17 +112,8 @@ impl Engine {
             now_micros(),
         )
         .map_err(EngineError::Open)?;
-        let status = Status { member_id: id, cluster_id, ..Status::default() };
-        let shared = Arc::new(Shared {
-            store: store.clone(),
-            status: std::sync::Mutex::new(status),
-            sole_voter: AtomicBool::new(false),
-            failed: AtomicBool::new(false),
-            raft_term: AtomicU64::new(0),
-            leader: AtomicU64::new(0),
-            member_id: id,
-            cluster_id,
-        });
+        let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
+        let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
         let reports = tx.clone();
         let committer = crate::committer::spawn(&cfg.name, store, move |r| {
@@ -132,8 +124,15 @@ impl Engine {
             Some(c) => Some(crate::peers::start(c, tx.clone())?),
             None => None,
         };
-        let mut driver =
-            Driver::new(replica, committer, shared.clone(), rx, cfg.tick_interval, transport);
+        let mut driver = Driver::new(
+            replica,
+            committer,
+            shared.clone(),
+            rx,
+            cfg.tick_interval,
+            transport,
+            notify,
+        );
         driver.start().map_err(|e| EngineError::Open(OpenError::Replay(e)))?;
         let handle = std::thread::Builder::new()
             .name(format!("cairn-raft-{}", cfg.name))
@@ -211,10 +210,30 @@ impl Engine {
     }
 
     fn stopped(&self) -> EngineError {
-        match self.shared.failure() {
-            Some(e) => EngineError::Stopped(StopCause::Storage(e)),
-            None => EngineError::Stopped(StopCause::Shutdown),
+        stopped(&self.shared)
+    }
+
+    /// A stream for many watchers, as one etcd Watch call carries (the server opens one per
+    /// gRPC stream).
+    pub fn watch_stream(&self) -> Result<WatchStream, EngineError> {
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.stopped());
         }
+        Ok(WatchStream::new(self.shared.clone()))
+    }
+
+    /// Watches the keys `spec` names, from its start revision (0: from the next write), with
+    /// etcd's semantics: every event once, in revision order, whole revisions at a time. A
+    /// watcher whose history was compacted before it read it gets a reply with `canceled` and
+    /// `compact_revision` set.
+    pub fn watch(&self, spec: cairn_kv::watch::WatchSpec) -> Result<Watch, EngineError> {
+        Watch::new(self.watch_stream()?, spec)
+    }
+
+    /// Who leads, at which term, as this member sees it: the current state first, then every
+    /// change.
+    pub fn leadership(&self) -> LeadershipWatch {
+        LeadershipWatch::new(self.shared.clone())
     }
 
     /// Sends an input to the driver and waits for its answer.
@@ -330,6 +349,14 @@ impl Engine {
             Reply::Read => Ok(()),
             _ => Err(EngineError::Internal("a read answered as something else")),
         }
+    }
+}
+
+/// The error for a request to an engine that stopped, with its cause.
+pub(crate) fn stopped(shared: &Shared) -> EngineError {
+    match shared.failure() {
+        Some(e) => EngineError::Stopped(StopCause::Storage(e)),
+        None => EngineError::Stopped(StopCause::Shutdown),
     }
 }
 

@@ -43,6 +43,8 @@ pub enum EngineError {
     Stopped(StopCause),
     /// Opening failed: the data directory is unusable or in use by another process.
     Open(OpenError),
+    /// A watch was refused (etcd's reason; on the wire, a `created` and `canceled` reply).
+    Watch(cairn_kv::watch::group::CreateError),
     /// A reply did not match its request: a bug, reported rather than hidden.
     Internal(&'static str),
 }
@@ -129,6 +131,7 @@ impl EngineError {
             }
             EngineError::Stopped(_) => "etcdserver: server stopped".into(),
             EngineError::Open(e) => e.to_string(),
+            EngineError::Watch(e) => e.reason().into(),
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
         }
     }
@@ -143,6 +146,7 @@ impl EngineError {
                 | EngineError::NoLeader
                 | EngineError::LeaderTransfer
                 | EngineError::Open(_)
+                | EngineError::Watch(_)
         )
     }
 }

@@ -48,6 +48,7 @@ mod replica;
 mod request;
 mod shared;
 mod waiters;
+mod watch;
 
 #[cfg(feature = "planted-bugs")]
 pub use config::ReplicaBug;
@@ -58,3 +59,4 @@ pub use ids::{RequestId, RequestIds};
 pub use replica::{AppliedEntry, Bootstrap, Leadership, Observed, Replica, Reply, Work};
 pub use request::{prepare, Limits};
 pub use shared::Status;
+pub use watch::{LeadershipWatch, Watch, WatchStream};

@@ -6,8 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use cairn_kv::{Revision, Store};
 use cairn_storage::lmdb::LmdbBackend;
+use tokio::sync::watch;
 
 use crate::error::StorageError;
+use crate::replica::Leadership;
 
 /// What `Maintenance.Status` and the health checks report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -42,9 +44,37 @@ pub(crate) struct Shared {
     pub(crate) leader: AtomicU64,
     pub(crate) member_id: u64,
     pub(crate) cluster_id: u64,
+    /// The store's revision each time the driver executed more: watch streams wait on it. The
+    /// driver holds the sender, so streams end when it stops.
+    pub(crate) executed: watch::Receiver<Revision>,
+    /// Leadership as this member sees it, for embedders.
+    pub(crate) leadership: watch::Receiver<Option<Leadership>>,
 }
 
 impl Shared {
+    /// The state of a member just opened, and the driver's side of what it publishes.
+    pub(crate) fn new(
+        store: Arc<Store<LmdbBackend>>,
+        member_id: u64,
+        cluster_id: u64,
+    ) -> (Shared, crate::driver::Notify) {
+        let (executed_tx, executed) = watch::channel(store.current_revision());
+        let (leadership_tx, leadership) = watch::channel(None);
+        let shared = Shared {
+            store,
+            status: Mutex::new(Status { member_id, cluster_id, ..Status::default() }),
+            sole_voter: AtomicBool::new(false),
+            failed: AtomicBool::new(false),
+            raft_term: AtomicU64::new(0),
+            leader: AtomicU64::new(0),
+            member_id,
+            cluster_id,
+            executed,
+            leadership,
+        };
+        (shared, crate::driver::Notify { executed: executed_tx, leadership: leadership_tx })
+    }
+
     /// Records why the engine stopped; every later request fails. The first failure is the
     /// cause; later ones (other threads noticing) do not replace it.
     pub(crate) fn fail(&self, why: StorageError) {

@@ -14,3 +14,16 @@ pub mod mvccpb {
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
+
+/// The server side of Watch with each event carried as its encoded bytes (see `build.rs`): the
+/// same wire format as [`etcdserverpb::WatchResponse`], so a server can encode an event once
+/// and share it among every watcher that receives it.
+pub mod wire {
+    pub mod mvccpb {
+        include!(concat!(env!("OUT_DIR"), "/wire/mvccpb.rs"));
+    }
+
+    pub mod etcdserverpb {
+        include!(concat!(env!("OUT_DIR"), "/wire/etcdserverpb.rs"));
+    }
+}

@@ -8,6 +8,9 @@ mod errors;
 mod grpc_limit;
 mod http;
 pub mod services;
+mod watch;
+
+pub use watch::parse_duration;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -23,6 +26,8 @@ pub struct ServeConfig {
     pub engine: EngineConfig,
     pub listen_client_urls: Vec<String>,
     pub advertise_peer_urls: Vec<String>,
+    /// etcd's `--watch-progress-notify-interval` (default 10 minutes).
+    pub watch_progress_interval: std::time::Duration,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -48,7 +53,11 @@ pub async fn serve(
         .map_err(anyhow::Error::msg)?;
     let max_request = cfg.engine.max_request_bytes;
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
-    let ctx = services::Ctx { engine: engine.clone(), peer_urls: cfg.advertise_peer_urls.clone() };
+    let ctx = services::Ctx {
+        engine: engine.clone(),
+        peer_urls: cfg.advertise_peer_urls.clone(),
+        watch_progress_interval: cfg.watch_progress_interval,
+    };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
     let max_decode = max_request + 512 * 1024;
@@ -67,7 +76,9 @@ pub async fn serve(
         .add_service(etcd_service!(pb::kv_server::KvServer::new(ctx.clone())))
         .add_service(etcd_service!(pb::maintenance_server::MaintenanceServer::new(ctx.clone())))
         .add_service(etcd_service!(pb::cluster_server::ClusterServer::new(ctx.clone())))
-        .add_service(etcd_service!(pb::watch_server::WatchServer::new(ctx.clone())))
+        .add_service(etcd_service!(
+            cairn_proto::wire::etcdserverpb::watch_server::WatchServer::new(ctx.clone())
+        ))
         .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
     let grpc_routes = routes.into_axum_router().layer(tower::util::MapRequestLayer::new(
         move |req: axum::http::Request<axum::body::Body>| {

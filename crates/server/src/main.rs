@@ -85,6 +85,11 @@ struct ServeArgs {
     #[cfg(feature = "planted-bugs")]
     #[arg(long, value_parser = ["read-without-index"])]
     unsafe_planted_bug: Option<String>,
+    /// How often a watcher that asked for progress notices gets one while idle (a Go
+    /// duration; etcd 3.5 calls it --experimental-watch-progress-notify-interval).
+    #[arg(long, default_value = "10m", value_parser = cairn::parse_duration,
+        alias = "experimental-watch-progress-notify-interval")]
+    watch_progress_notify_interval: std::time::Duration,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -136,6 +141,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         engine,
         listen_client_urls: a.listen_client_urls,
         advertise_peer_urls: a.initial_advertise_peer_urls,
+        watch_progress_interval: a.watch_progress_notify_interval,
     })
 }
 

@@ -21,16 +21,18 @@ pub const ETCD_COMPATIBLE_VERSION: &str = "3.6.5";
 pub struct Ctx {
     pub engine: Arc<Engine>,
     pub peer_urls: Vec<String>,
+    /// How often idle watchers that asked for it get a progress notice.
+    pub watch_progress_interval: std::time::Duration,
 }
 
 impl Ctx {
-    fn header(&self) -> Header {
+    pub(crate) fn header(&self) -> Header {
         let s = self.engine.identity();
         Header { cluster_id: s.0, member_id: s.1, raft_term: self.engine.raft_term() }
     }
 
     /// Honours the `hasleader` metadata etcd clients send (`WithRequireLeader`).
-    fn check_leader<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    pub(crate) fn check_leader<T>(&self, req: &Request<T>) -> Result<(), Status> {
         let wants = req.metadata().get("hasleader").is_some_and(|v| v.as_bytes() == b"true");
         if wants && self.engine.leader().is_none() {
             return Err(no_leader());
@@ -260,18 +262,6 @@ impl pb::cluster_server::Cluster for Ctx {
         _: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         Err(not_yet("Cluster.MemberPromote (clustering)"))
-    }
-}
-
-#[tonic::async_trait]
-impl pb::watch_server::Watch for Ctx {
-    type WatchStream = BoxStream<pb::WatchResponse>;
-
-    async fn watch(
-        &self,
-        _: Request<Streaming<pb::WatchRequest>>,
-    ) -> Result<Response<Self::WatchStream>, Status> {
-        Err(not_yet("Watch"))
     }
 }
 

@@ -103,7 +103,10 @@ impl<B: Backend> Store<B> {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let installed = Inner::new(index, members, meta, inner.epoch + 1);
+            let mut installed = Inner::new(index, members, meta, inner.epoch + 1);
+            // The revisions between the old state and the image have no events here: watchers
+            // read them from the image's history (or are canceled if it is compacted).
+            installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());
             debug_assert!(installed.to_remove.is_empty(), "decode admits only kept records");
             *inner = installed;
         }

@@ -1,0 +1,302 @@
+//! The watchers of one stream (etcd's `watchStream` with its synced and unsynced groups), as a
+//! pure state machine: no clock, no IO.
+//!
+//! Each watcher knows the next revision it must receive. The owner of a group (the node's watch
+//! stream) asks [`WatchGroup::wanted`] which revision to fetch, fetches a run of revisions from
+//! there (from the ring, or the stored history when that is older), and hands it to
+//! [`WatchGroup::deliver`]; replies queue in the group, in the order the client must see them.
+//! A watcher whose next revision equals the head's successor is *synced*. A watcher behind the
+//! head catches up by the same path as one at the head, so there is one code path for both, and
+//! a watcher that falls behind (its client read slowly) simply catches up from the history:
+//! no event is ever dropped, and nothing queues per watcher.
+//!
+//! Replies follow etcd's wire behaviour (v3rpc `watch.go`, mvcc `watchable_store.go`):
+//! - a create is answered `created` with the head revision; a bad one `created` and `canceled`
+//!   with watch id -1 and etcd's reason;
+//! - event replies carry whole revisions, and their header revision is the last revision the
+//!   reply covers for that watcher, never beyond an event it has not sent;
+//! - a watcher whose next revision was compacted is canceled with `compact_revision` set;
+//! - a progress request is answered with watch id -1 and the head revision once every watcher
+//!   is synced (etcd answers only if they already are; waiting instead still never claims an
+//!   event not yet sent, and spares the client its retries); with no watchers, not at all, as
+//!   etcd.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+
+use super::{Event, EventRun, WatchSpec};
+use crate::range::KeyRange;
+use crate::types::Revision;
+
+/// etcd's `clientv3.InvalidWatchID`: progress for the whole stream, or a refused create.
+pub const INVALID_WATCH_ID: i64 = -1;
+
+/// Watchers one stream may hold: each costs a few hundred bytes, so a client cannot grow a
+/// member's memory without bound through one stream.
+pub const MAX_WATCHERS: usize = 100_000;
+
+/// Why a create was refused, with etcd's reason text.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CreateError {
+    /// A negative start revision (etcd 3.6 refuses it as compacted).
+    Compacted,
+    /// `key >= range_end`.
+    EmptyRange,
+    /// The client chose an id already in use on this stream.
+    DuplicateId,
+    /// The stream holds [`MAX_WATCHERS`].
+    TooManyWatchers,
+}
+
+impl CreateError {
+    pub fn reason(self) -> &'static str {
+        match self {
+            CreateError::Compacted => "etcdserver: mvcc: required revision has been compacted",
+            CreateError::EmptyRange => "mvcc: watcher range is empty",
+            CreateError::DuplicateId => "mvcc: duplicate watch ID provided on the WatchStream",
+            CreateError::TooManyWatchers => "cairn: too many watchers on one stream",
+        }
+    }
+}
+
+/// One reply on the stream (etcd's `WatchResponse`, without the header's ids).
+#[derive(Clone, Debug, Default)]
+pub struct WatchReply {
+    pub watch_id: i64,
+    /// The header revision.
+    pub revision: Revision,
+    pub created: bool,
+    pub canceled: bool,
+    /// Set (with `canceled`) when the watcher's next revision was compacted.
+    pub compact_revision: Revision,
+    pub cancel_reason: &'static str,
+    pub events: Vec<Arc<Event>>,
+    /// Whether the events go out with their prev_kv.
+    pub prev_kv: bool,
+    /// Whether the watcher asked for large replies to be split.
+    pub fragment: bool,
+}
+
+#[derive(Debug)]
+struct Watcher {
+    spec: WatchSpec,
+    range: KeyRange,
+    /// The next revision this watcher must receive.
+    next: Revision,
+    /// Whether it was sent events since the last progress tick (etcd then skips its notice).
+    sent_since_tick: bool,
+}
+
+/// The watchers of one stream and the replies they have produced.
+#[derive(Debug, Default)]
+pub struct WatchGroup {
+    watchers: BTreeMap<i64, Watcher>,
+    /// etcd's `nextID`: automatic ids count up from 0, skipping ids in use.
+    next_id: i64,
+    progress_requested: bool,
+    out: VecDeque<WatchReply>,
+}
+
+impl WatchGroup {
+    pub fn new() -> WatchGroup {
+        WatchGroup::default()
+    }
+
+    /// Adds a watcher; `head` is the store's current revision. Returns its id, or the refusal
+    /// (both are also queued as replies).
+    pub fn create(&mut self, spec: WatchSpec, head: Revision) -> Result<i64, CreateError> {
+        match self.check(&spec) {
+            Ok(id) => {
+                let next = if spec.start_revision.0 == 0 || spec.start_revision > head {
+                    spec.start_revision.max(head.next())
+                } else {
+                    spec.start_revision
+                };
+                let range = spec.range();
+                let w = Watcher { spec, range, next, sent_since_tick: false };
+                self.watchers.insert(id, w);
+                self.out.push_back(WatchReply {
+                    watch_id: id,
+                    revision: head,
+                    created: true,
+                    ..WatchReply::default()
+                });
+                Ok(id)
+            }
+            Err(e) => {
+                self.out.push_back(WatchReply {
+                    watch_id: INVALID_WATCH_ID,
+                    revision: head,
+                    created: true,
+                    canceled: true,
+                    cancel_reason: e.reason(),
+                    ..WatchReply::default()
+                });
+                Err(e)
+            }
+        }
+    }
+
+    fn check(&mut self, spec: &WatchSpec) -> Result<i64, CreateError> {
+        if spec.start_revision.0 < 0 {
+            return Err(CreateError::Compacted);
+        }
+        if let KeyRange::Between(start, end) = spec.range() {
+            if start >= end {
+                return Err(CreateError::EmptyRange);
+            }
+        }
+        if self.watchers.len() >= MAX_WATCHERS {
+            return Err(CreateError::TooManyWatchers);
+        }
+        if spec.watch_id != 0 {
+            if self.watchers.contains_key(&spec.watch_id) {
+                return Err(CreateError::DuplicateId);
+            }
+            return Ok(spec.watch_id);
+        }
+        while self.watchers.contains_key(&self.next_id) {
+            self.next_id += 1;
+        }
+        self.next_id += 1;
+        Ok(self.next_id - 1)
+    }
+
+    /// Removes a watcher and acknowledges it; an unknown id is ignored, as etcd does.
+    pub fn cancel(&mut self, id: i64, head: Revision) {
+        if self.watchers.remove(&id).is_some() {
+            self.out.push_back(WatchReply {
+                watch_id: id,
+                revision: head,
+                canceled: true,
+                ..WatchReply::default()
+            });
+        }
+    }
+
+    /// A client's progress request; answered by [`WatchGroup::settle`] once every watcher is
+    /// synced. A stream with no watchers gets no answer (etcd sends none).
+    pub fn request_progress(&mut self) {
+        if !self.watchers.is_empty() {
+            self.progress_requested = true;
+        }
+    }
+
+    /// The lowest revision some watcher still needs, at or after `from`, up to `head`.
+    pub fn wanted(&self, from: Revision, head: Revision) -> Option<Revision> {
+        self.watchers.values().map(|w| w.next).filter(|n| *n >= from && *n <= head).min()
+    }
+
+    /// Hands over a run of consecutive revisions. Every watcher whose next revision lies in the
+    /// run receives its events from there to the end of the run, in one reply; watchers outside
+    /// it are untouched.
+    pub fn deliver(&mut self, run: &EventRun) {
+        let (first, last) = (run.first, run.last);
+        for (id, w) in &mut self.watchers {
+            if w.next < first || w.next > last {
+                continue;
+            }
+            let events: Vec<Arc<Event>> = run
+                .revisions
+                .iter()
+                .filter(|r| r.revision >= w.next)
+                .flat_map(|r| r.events.iter())
+                .filter(|e| w.spec.wants(&w.range, e))
+                .cloned()
+                .collect();
+            w.next = last.next();
+            if events.is_empty() {
+                continue;
+            }
+            w.sent_since_tick = true;
+            self.out.push_back(WatchReply {
+                watch_id: *id,
+                revision: last,
+                events,
+                prev_kv: w.spec.prev_kv,
+                fragment: w.spec.fragment,
+                ..WatchReply::default()
+            });
+        }
+    }
+
+    /// The history below `compacted` is gone: watchers that still need it are canceled with
+    /// `compact_revision`, as etcd cancels them (its reply carries header revision 0 and no
+    /// reason; clients read `compact_revision`).
+    pub fn compacted(&mut self, compacted: Revision) {
+        let gone: Vec<i64> =
+            self.watchers.iter().filter(|(_, w)| w.next < compacted).map(|(id, _)| *id).collect();
+        for id in gone {
+            self.watchers.remove(&id);
+            self.out.push_back(WatchReply {
+                watch_id: id,
+                canceled: true,
+                compact_revision: compacted,
+                ..WatchReply::default()
+            });
+        }
+    }
+
+    fn synced(w: &Watcher, head: Revision) -> bool {
+        // A watcher waiting for a future start revision is not synced (etcd since #20221): a
+        // progress notice below its start would let a resuming client ask for events it never
+        // wanted.
+        w.next == head.next()
+    }
+
+    /// Answers a pending progress request if every watcher is synced at `head`.
+    pub fn settle(&mut self, head: Revision) {
+        if !self.progress_requested {
+            return;
+        }
+        if self.watchers.is_empty() {
+            self.progress_requested = false;
+            return;
+        }
+        if self.watchers.values().all(|w| Self::synced(w, head)) {
+            self.progress_requested = false;
+            self.out.push_back(WatchReply {
+                watch_id: INVALID_WATCH_ID,
+                revision: head,
+                ..WatchReply::default()
+            });
+        }
+    }
+
+    /// The periodic progress notice: each synced watcher that asked for notices and was sent no
+    /// events since the last tick gets an empty reply at `head`.
+    pub fn progress_tick(&mut self, head: Revision) {
+        for (id, w) in &mut self.watchers {
+            if w.spec.progress_notify && !w.sent_since_tick && Self::synced(w, head) {
+                self.out.push_back(WatchReply {
+                    watch_id: *id,
+                    revision: head,
+                    ..WatchReply::default()
+                });
+            }
+            w.sent_since_tick = false;
+        }
+    }
+
+    /// Whether any watcher asked for periodic progress notices.
+    pub fn wants_progress_ticks(&self) -> bool {
+        self.watchers.values().any(|w| w.spec.progress_notify)
+    }
+
+    /// The next reply to send.
+    pub fn pop(&mut self) -> Option<WatchReply> {
+        self.out.pop_front()
+    }
+
+    pub fn has_replies(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.watchers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.watchers.is_empty()
+    }
+}
