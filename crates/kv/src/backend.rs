@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BufMut, Bytes};
 
-use crate::types::{LeaseId, MemberAttributes, Revision, RevisionId};
+use crate::types::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 
 /// A backend failure. The node must stop: the store cannot know what was written.
 #[derive(Clone, Debug)]
@@ -221,7 +221,25 @@ pub struct WriteBatch {
     /// Members' attributes ([`MemberAttributes::encode`]) by member id, each replacing what was
     /// stored for that member; in order, so a later one for the same member wins.
     pub members: Vec<(u64, Vec<u8>)>,
+    /// Leases ([`encode_lease`]) by id, each replacing what was stored, or `None` to delete
+    /// it; in order, so a later change of the same lease wins.
+    pub leases: Vec<(LeaseId, Option<Vec<u8>>)>,
     pub meta: Option<Meta>,
+}
+
+/// A lease as stored: `ttl i64 | remaining_ttl i64` (big endian; the id is the key).
+pub fn encode_lease(l: &Lease) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.put_i64(l.ttl);
+    out.put_i64(l.remaining_ttl);
+    out
+}
+
+pub fn decode_lease(id: LeaseId, mut raw: &[u8]) -> Result<Lease, BackendError> {
+    if raw.len() != 16 {
+        return Err(BackendError::Corrupt("lease record of the wrong size"));
+    }
+    Ok(Lease { id, ttl: raw.get_i64(), remaining_ttl: raw.get_i64() })
 }
 
 /// A consistent read view of the backend.
@@ -236,6 +254,8 @@ pub trait BackendView {
     fn meta(&self) -> Result<Meta, BackendError>;
     /// Every member's published attributes, by member id.
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError>;
+    /// Every lease, by id.
+    fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -245,8 +265,8 @@ pub trait Backend: Send + Sync {
         Self: 'a;
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
-    /// Replaces the whole history with `batch.puts` and every member's attributes with
-    /// `batch.members`, and sets `batch.meta` (if given), atomically: a reader or a crash sees
+    /// Replaces the whole history with `batch.puts`, every member's attributes with
+    /// `batch.members` and every lease with `batch.leases`, and sets `batch.meta` (if given), atomically: a reader or a crash sees
     /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
     /// is ignored. Installing a snapshot image uses it.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
@@ -266,6 +286,7 @@ pub struct MemBackend {
 struct MemState {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
+    leases: BTreeMap<LeaseId, Vec<u8>>,
     meta: Meta,
 }
 
@@ -295,6 +316,7 @@ impl Backend for MemBackend {
             s.records.remove(&rev);
         }
         s.members.extend(batch.members);
+        apply_leases(&mut s.leases, batch.leases);
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -305,6 +327,8 @@ impl Backend for MemBackend {
         let mut s = self.lock();
         s.records = batch.puts.into_iter().collect();
         s.members = batch.members.into_iter().collect();
+        s.leases = BTreeMap::new();
+        apply_leases(&mut s.leases, batch.leases);
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -344,6 +368,23 @@ impl BackendView for MemView {
 
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
         decode_members(&self.0.members)
+    }
+
+    fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
+        self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
+    }
+}
+
+/// Applies a batch's lease changes to a map of encoded leases, for backends that keep one.
+pub fn apply_leases(
+    stored: &mut BTreeMap<LeaseId, Vec<u8>>,
+    changes: Vec<(LeaseId, Option<Vec<u8>>)>,
+) {
+    for (id, change) in changes {
+        match change {
+            Some(raw) => stored.insert(id, raw),
+            None => stored.remove(&id),
+        };
     }
 }
 

@@ -27,8 +27,12 @@ pub enum KvError {
     DuplicateKey,
     /// A transaction has more operations than allowed (InvalidArgument).
     TooManyOps,
-    /// A put names a lease that does not exist (NotFound).
+    /// A put or a lease call names a lease that does not exist (NotFound).
     LeaseNotFound,
+    /// A grant names a lease id already in use (FailedPrecondition).
+    LeaseExist,
+    /// A grant asks for more than [`crate::MAX_LEASE_TTL`] seconds (OutOfRange).
+    LeaseTtlTooLarge,
     /// Transactions nested deeper than [`crate::validate::MAX_TXN_DEPTH`] (InvalidArgument). etcd
     /// has no such limit beyond gRPC's decoding depth; this one keeps every accepted request
     /// decodable when it is applied.
@@ -52,6 +56,8 @@ impl KvError {
             KvError::DuplicateKey => "etcdserver: duplicate key given in txn request",
             KvError::TooManyOps => "etcdserver: too many operations in txn request",
             KvError::LeaseNotFound => "etcdserver: requested lease not found",
+            KvError::LeaseExist => "etcdserver: lease already exists",
+            KvError::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             KvError::TxnTooDeep => "cairn: transactions nested too deeply",
             KvError::Backend(_) => "cairn: storage failure",
         }

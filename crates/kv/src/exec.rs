@@ -13,6 +13,7 @@ use bytes::Bytes;
 
 use crate::backend::{BackendError, BackendView, Record, WriteBatch};
 use crate::index::{Index, IndexEntry};
+use crate::lease::LeaseTable;
 use crate::range::{self, KeyRange};
 use crate::types::*;
 use crate::watch::{owned, Event, EventKind};
@@ -34,6 +35,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) members: &'a mut BTreeMap<u64, MemberAttributes>,
     /// The events of the command being executed, for watchers.
     pub(crate) events: Vec<Arc<Event>>,
+    /// Every lease and the keys it holds, with this batch's changes.
+    pub(crate) leases: &'a mut LeaseTable,
 }
 
 /// Reads at a revision: from the index, committed records, and (on the apply path) the records
@@ -108,7 +111,7 @@ impl<V: BackendView> Reader<'_, V> {
 }
 
 /// The changes of one command in progress.
-struct Writer {
+pub(crate) struct Writer {
     rev: Revision,
     sub: u32,
 }
@@ -147,6 +150,9 @@ impl<V: BackendView> Exec<'_, V> {
                 self.members.insert(*member, attributes.clone());
                 Ok(CommandResponse::PublishMember)
             }
+            Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
+            Command::LeaseRevoke { id } => self.lease_revoke(&mut w, *id),
+            Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
         };
         if w.wrote() {
             self.current = w.rev;
@@ -155,7 +161,7 @@ impl<V: BackendView> Exec<'_, V> {
     }
 
     /// The revision reads see: including this command's writes once it made any.
-    fn read_rev(&self, w: &Writer) -> Revision {
+    pub(crate) fn read_rev(&self, w: &Writer) -> Revision {
         if w.wrote() {
             w.rev
         } else {
@@ -195,8 +201,7 @@ impl<V: BackendView> Exec<'_, V> {
         {
             return Err(KvError::KeyNotFound);
         }
-        // Leases are not implemented yet, so no lease id can name an existing lease.
-        if req.lease.0 != 0 && !req.ignore_lease {
+        if req.lease.0 != 0 && !req.ignore_lease && !self.leases.contains(req.lease) {
             return Err(KvError::LeaseNotFound);
         }
         Ok(())
@@ -235,13 +240,19 @@ impl<V: BackendView> Exec<'_, V> {
             value: record.value.clone(),
             lease: record.lease,
         };
+        if prev.map(|p| p.lease) != Some(lease) {
+            if let Some(p) = prev {
+                self.leases.detach(p.lease, &req.key);
+            }
+            self.leases.attach(lease, &req.key);
+        }
         self.write(id, req.key.clone(), record);
         let event_prev = prev_kv.clone().map(owned);
         self.events.push(Arc::new(Event::new(EventKind::Put, owned(kv), event_prev)));
         Ok(PutResponse { revision: id.main, prev_kv: prev_kv.filter(|_| req.prev_kv) })
     }
 
-    fn delete(
+    pub(crate) fn delete(
         &mut self,
         w: &mut Writer,
         req: &DeleteRangeRequest,
@@ -259,6 +270,7 @@ impl<V: BackendView> Exec<'_, V> {
                 prev_kvs.push(prev.clone());
             }
             let id = w.next_id();
+            self.leases.detach(e.lease, key);
             let kv = KeyValue { key: key.clone(), mod_revision: id.main, ..KeyValue::default() };
             self.events.push(Arc::new(Event::new(EventKind::Delete, owned(kv), Some(owned(prev)))));
             let record = Record {

@@ -12,6 +12,7 @@ mod error;
 mod exec;
 pub mod hash;
 pub mod index;
+pub mod lease;
 pub mod model;
 pub mod range;
 pub mod snapshot;

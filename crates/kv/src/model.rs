@@ -19,6 +19,8 @@ pub struct Model {
     history: BTreeMap<Bytes, Vec<(Revision, Option<KeyValue>)>>,
     /// Every member's latest published attributes.
     members: BTreeMap<u64, MemberAttributes>,
+    /// Every lease; the keys it holds are the live keys that name it.
+    leases: BTreeMap<LeaseId, Lease>,
 }
 
 impl Default for Model {
@@ -28,6 +30,7 @@ impl Default for Model {
             compacted: Revision::NEVER_COMPACTED,
             history: BTreeMap::new(),
             members: BTreeMap::new(),
+            leases: BTreeMap::new(),
         }
     }
 }
@@ -59,6 +62,17 @@ impl Model {
     /// Every member's published attributes, by member id.
     pub fn members(&self) -> &BTreeMap<u64, MemberAttributes> {
         &self.members
+    }
+
+    /// Every lease, by id.
+    pub fn leases(&self) -> &BTreeMap<LeaseId, Lease> {
+        &self.leases
+    }
+
+    /// The live keys attached to `id`, in key order.
+    pub fn lease_keys(&self, id: LeaseId) -> Vec<Bytes> {
+        let state = self.state(self.current);
+        state.into_values().filter(|kv| kv.lease == id).map(|kv| kv.key).collect()
     }
 
     /// A read as it was answered when the store stood at revision `current` with reads below
@@ -185,6 +199,32 @@ impl Model {
                 scratch.members.insert(*member, attributes.clone());
                 Ok(CommandResponse::PublishMember)
             }
+            Command::LeaseGrant { id, ttl } => {
+                if scratch.leases.contains_key(id) {
+                    return Err(KvError::LeaseExist);
+                }
+                let lease = Lease { id: *id, ttl: *ttl, remaining_ttl: 0 };
+                scratch.leases.insert(*id, lease);
+                Ok(CommandResponse::LeaseGrant { revision: scratch.current, lease })
+            }
+            Command::LeaseRevoke { id } => {
+                if scratch.leases.remove(id).is_none() {
+                    return Err(KvError::LeaseNotFound);
+                }
+                for key in scratch.lease_keys(*id) {
+                    scratch.record(&mut tx, key, None);
+                }
+                let revision = if tx.writes > 0 { tx.rev } else { scratch.current };
+                Ok(CommandResponse::LeaseRevoke { revision })
+            }
+            Command::LeaseCheckpoint { checkpoints } => {
+                for (id, remaining) in checkpoints {
+                    if let Some(l) = scratch.leases.get_mut(id) {
+                        l.remaining_ttl = *remaining;
+                    }
+                }
+                Ok(CommandResponse::LeaseCheckpoint)
+            }
         }?;
         if tx.writes > 0 {
             scratch.current = tx.rev;
@@ -203,7 +243,7 @@ impl Model {
         if (p.ignore_value || p.ignore_lease) && prev.is_none() {
             return Err(KvError::KeyNotFound);
         }
-        if check_lease && p.lease.0 != 0 && !p.ignore_lease {
+        if check_lease && p.lease.0 != 0 && !p.ignore_lease && !self.leases.contains_key(&p.lease) {
             return Err(KvError::LeaseNotFound);
         }
         let kv = KeyValue {
@@ -293,7 +333,9 @@ impl Model {
                 {
                     return Err(KvError::KeyNotFound)
                 }
-                RequestOp::Put(p) if p.lease.0 != 0 && !p.ignore_lease => {
+                RequestOp::Put(p)
+                    if p.lease.0 != 0 && !p.ignore_lease && !self.leases.contains_key(&p.lease) =>
+                {
                     return Err(KvError::LeaseNotFound)
                 }
                 RequestOp::Txn(n) => self.precheck(n, before)?,

@@ -12,7 +12,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "CAIRNKVI"
-//!      8     4  format version, u32 (2; version 1 had no member section)
+//!      8     4  format version, u32 (3; 2 had no lease section, 1 no member section)
 //!     12     8  applied_index, u64: the last Raft index the state includes
 //!     20     8  current, i64: the store's revision
 //!     28     8  compacted, i64: reads below it fail as compacted (-1: never compacted)
@@ -22,6 +22,9 @@
 //!            8  member count m, u64
 //!               m members, in increasing id order, each:
 //!                 id u64 | len u64 | len bytes of `MemberAttributes::encode`
+//!            8  lease count l, u64 (version 3)
+//!               l leases, in increasing id order, each:
+//!                 id i64 | ttl i64 | remaining_ttl i64
 //!  end-4     4  crc32c (Castagnoli) of every byte before it, u32
 //! ```
 //!
@@ -30,8 +33,9 @@
 //! record: it must decode, its revision must lie in `1..=current` and follow the previous one,
 //! its key must not be empty, and compaction at `compacted` must keep it (a record superseded at
 //! or before `compacted`, or a deletion before it, has no place in an image). Every member's
-//! attributes must decode, in increasing id order. Nothing after the last member but the
-//! checksum.
+//! attributes must decode, in increasing id order; so must every lease, with a non-zero id and
+//! a positive TTL. Nothing after the last lease but the checksum. Version 2 images (no leases) are read as
+//! holding none.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
@@ -39,10 +43,12 @@ use std::fmt;
 use bytes::{BufMut, Bytes};
 
 use crate::backend::{BackendError, Record};
-use crate::types::{MemberAttributes, Revision, RevisionId};
+use crate::types::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
-const VERSION: u32 = 2;
+const VERSION: u32 = 3;
+/// The previous version, without leases, still read.
+const VERSION_NO_LEASES: u32 = 2;
 /// Bytes before the first record.
 const HEADER_LEN: usize = 44;
 const CHECKSUM_LEN: usize = 4;
@@ -82,7 +88,9 @@ pub enum ImageError {
     /// The member at this position of the member section (0-based) does not decode, or does
     /// not follow the one before it in id order.
     BadMember { position: u64, reason: &'static str },
-    /// Bytes between the last member and the checksum.
+    /// The lease at this position (0-based) is not valid.
+    BadLease { position: u64, reason: &'static str },
+    /// Bytes between the last lease and the checksum.
     TrailingBytes,
 }
 
@@ -110,7 +118,10 @@ impl fmt::Display for ImageError {
             ImageError::BadMember { position, reason } => {
                 write!(f, "member {position}: {reason}")
             }
-            ImageError::TrailingBytes => f.write_str("bytes after the last member"),
+            ImageError::BadLease { position, reason } => {
+                write!(f, "lease {position}: {reason}")
+            }
+            ImageError::TrailingBytes => f.write_str("bytes after the last lease"),
         }
     }
 }
@@ -170,8 +181,12 @@ impl Encoder {
         record.encode_into(&mut self.buf);
     }
 
-    /// Appends every member's attributes and the checksum.
-    pub fn finish(mut self, members: &BTreeMap<u64, MemberAttributes>) -> Bytes {
+    /// Appends every member's attributes, every lease and the checksum.
+    pub fn finish(
+        mut self,
+        members: &BTreeMap<u64, MemberAttributes>,
+        leases: &BTreeMap<LeaseId, Lease>,
+    ) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
         self.buf.put_u64(members.len() as u64);
         for (id, attributes) in members {
@@ -180,23 +195,31 @@ impl Encoder {
             self.buf.put_u64(encoded.len() as u64);
             self.buf.put_slice(&encoded);
         }
+        self.buf.put_u64(leases.len() as u64);
+        for lease in leases.values() {
+            self.buf.put_i64(lease.id.0);
+            self.buf.put_i64(lease.ttl);
+            self.buf.put_i64(lease.remaining_ttl);
+        }
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
     }
 }
 
-/// Encodes an image of `records` (in increasing revision order) and `members` at `meta`.
+/// Encodes an image of `records` (in increasing revision order), `members` and `leases` at
+/// `meta`.
 pub fn encode(
     meta: ImageMeta,
     records: &[(RevisionId, Record)],
     members: &BTreeMap<u64, MemberAttributes>,
+    leases: &BTreeMap<LeaseId, Lease>,
 ) -> Bytes {
     let mut enc = Encoder::new(meta);
     for (rev, record) in records {
         enc.push(*rev, record);
     }
-    enc.finish(members)
+    enc.finish(members, leases)
 }
 
 /// The image of an empty store at `applied_index`.
@@ -206,7 +229,7 @@ pub fn empty_image(applied_index: u64) -> Bytes {
         current: Revision::INITIAL,
         compacted: Revision::NEVER_COMPACTED,
     };
-    Encoder::new(meta).finish(&BTreeMap::new())
+    Encoder::new(meta).finish(&BTreeMap::new(), &BTreeMap::new())
 }
 
 /// A decoded, verified image.
@@ -215,7 +238,12 @@ pub struct Image {
     meta: ImageMeta,
     records: Vec<(RevisionId, Record)>,
     members: BTreeMap<u64, MemberAttributes>,
+    leases: BTreeMap<LeaseId, Lease>,
 }
+
+/// An image's parts: records, members' attributes, leases.
+pub type ImageParts =
+    (Vec<(RevisionId, Record)>, BTreeMap<u64, MemberAttributes>, BTreeMap<LeaseId, Lease>);
 
 impl Image {
     pub fn meta(&self) -> ImageMeta {
@@ -232,23 +260,28 @@ impl Image {
         &self.members
     }
 
-    /// The records and the members' attributes.
-    pub fn into_parts(self) -> (Vec<(RevisionId, Record)>, BTreeMap<u64, MemberAttributes>) {
-        (self.records, self.members)
+    /// Every lease, by id.
+    pub fn leases(&self) -> &BTreeMap<LeaseId, Lease> {
+        &self.leases
+    }
+
+    /// The records, the members' attributes and the leases.
+    pub fn into_parts(self) -> ImageParts {
+        (self.records, self.members, self.leases)
     }
 }
 
 /// Decodes and verifies a whole image.
 pub fn decode(image: &[u8]) -> Result<Image, ImageError> {
     let mut records = Vec::new();
-    let (meta, members) = parse(image, &mut |rev, record| records.push((rev, record)))?;
-    Ok(Image { meta, records, members })
+    let (meta, members, leases) = parse(image, &mut |rev, record| records.push((rev, record)))?;
+    Ok(Image { meta, records, members, leases })
 }
 
 /// The header of an image, after verifying the whole image exactly as [`decode`] does (so an
 /// image this accepts installs), without keeping its records.
 pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
-    parse(image, &mut |_, _| {}).map(|(meta, _)| meta)
+    parse(image, &mut |_, _| {}).map(|(meta, _, _)| meta)
 }
 
 /// Reads big-endian integers off the front of a slice, failing instead of panicking.
@@ -283,18 +316,18 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// Verifies `image` and hands each record to `visit`, in order; returns the header and the
-/// members' attributes.
-fn parse(
-    image: &[u8],
-    visit: &mut dyn FnMut(RevisionId, Record),
-) -> Result<(ImageMeta, BTreeMap<u64, MemberAttributes>), ImageError> {
+/// An image's header, members' attributes and leases.
+type Parsed = (ImageMeta, BTreeMap<u64, MemberAttributes>, BTreeMap<LeaseId, Lease>);
+
+/// Verifies `image` and hands each record to `visit`, in order; returns the header, the
+/// members' attributes and the leases.
+fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Parsed, ImageError> {
     let mut head = Cursor(image);
     if head.array::<8>()? != MAGIC {
         return Err(ImageError::WrongMagic);
     }
     let version = head.u32()?;
-    if version != VERSION {
+    if version != VERSION && version != VERSION_NO_LEASES {
         return Err(ImageError::UnknownVersion(version));
     }
     let Some(body_len) = image.len().checked_sub(CHECKSUM_LEN).filter(|n| *n >= HEADER_LEN) else {
@@ -333,10 +366,32 @@ fn parse(
         visit(rev, record);
     }
     let members = parse_members(&mut cur)?;
+    let leases =
+        if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(&mut cur)? };
     if !cur.0.is_empty() {
         return Err(ImageError::TrailingBytes);
     }
-    Ok((meta, members))
+    Ok((meta, members, leases))
+}
+
+/// The lease section: a count, then each lease, in increasing id order.
+fn parse_leases(cur: &mut Cursor<'_>) -> Result<BTreeMap<LeaseId, Lease>, ImageError> {
+    let count = cur.u64()?;
+    let mut leases = BTreeMap::new();
+    let mut last = None;
+    for position in 0..count {
+        let lease = Lease { id: LeaseId(cur.i64()?), ttl: cur.i64()?, remaining_ttl: cur.i64()? };
+        let bad = |reason| ImageError::BadLease { position, reason };
+        if lease.id.0 == 0 || lease.ttl <= 0 || lease.remaining_ttl < 0 {
+            return Err(bad("a lease id, TTL or remaining TTL out of range"));
+        }
+        if last.is_some_and(|l| lease.id <= l) {
+            return Err(bad("lease ids out of order"));
+        }
+        last = Some(lease.id);
+        leases.insert(lease.id, lease);
+    }
+    Ok(leases)
 }
 
 /// The member section: a count, then each member's id and attributes, in increasing id order.

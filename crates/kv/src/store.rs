@@ -31,9 +31,11 @@ use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
 use crate::index::{Index, IndexEntry};
+use crate::lease::LeaseTable;
 use crate::types::{
     Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision, RevisionId,
 };
+use crate::types::{Lease, LeaseId};
 use crate::watch::{EventRing, RevisionEvents, RING_BYTES};
 use crate::KvError;
 
@@ -63,6 +65,8 @@ struct Inner {
     members: BTreeMap<u64, MemberAttributes>,
     /// The events of the latest executed revisions, for watchers.
     ring: EventRing,
+    /// Every lease and the keys it holds, as executed.
+    leases: LeaseTable,
 }
 
 impl Inner {
@@ -71,11 +75,13 @@ impl Inner {
     fn new(
         mut index: Index,
         members: BTreeMap<u64, MemberAttributes>,
+        leases: BTreeMap<LeaseId, Lease>,
         meta: Meta,
         epoch: u64,
     ) -> Inner {
         // The history may hold records a compaction made unreachable but did not remove yet.
         let to_remove = index.compact(meta.compacted);
+        let leases = LeaseTable::rebuild(leases, &index);
         Inner {
             index,
             current: meta.current,
@@ -91,6 +97,7 @@ impl Inner {
             epoch,
             members,
             ring: EventRing::new(RING_BYTES),
+            leases,
         }
     }
 }
@@ -132,11 +139,12 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let (meta, members);
+        let (meta, members, leases);
         {
             let view = backend.view()?;
             meta = view.meta()?;
             members = view.members()?;
+            leases = view.leases()?;
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -150,7 +158,7 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, members, meta, 0);
+        let inner = Inner::new(index, members, leases, meta, 0);
         Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
     }
 
@@ -201,6 +209,26 @@ impl<B: Backend> Store<B> {
     /// it read the stored history instead. Clears the ring.
     pub fn set_event_ring_bytes(&self, bytes: usize) {
         self.write().ring = EventRing::new(bytes);
+    }
+
+    /// A lease, as executed.
+    pub fn lease(&self, id: LeaseId) -> Option<Lease> {
+        self.read().leases.get(id)
+    }
+
+    /// The keys a lease holds, in key order, as executed.
+    pub fn lease_keys(&self, id: LeaseId) -> Vec<bytes::Bytes> {
+        self.read().leases.keys(id)
+    }
+
+    /// Every lease, in id order, as executed.
+    pub fn leases(&self) -> Vec<Lease> {
+        self.read().leases.all().values().copied().collect()
+    }
+
+    /// Up to `max` leases from `from` on, in id order (work spread over many calls).
+    pub fn lease_page(&self, from: LeaseId, max: usize) -> Vec<Lease> {
+        self.read().leases.page(from, max)
     }
 
     /// Every member's published attributes, by member id, as executed.
@@ -264,6 +292,7 @@ impl<B: Backend> Store<B> {
             compact_to: None,
             members: &mut inner.members,
             events: Vec::new(),
+            leases: &mut inner.leases,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
         inner.unflushed = std::mem::take(&mut exec.pending);
@@ -311,6 +340,7 @@ impl<B: Backend> Store<B> {
             batch.puts.extend(p.batch.puts);
             batch.deletes.extend(p.batch.deletes);
             batch.members.extend(p.batch.members);
+            batch.leases.extend(p.batch.leases);
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;

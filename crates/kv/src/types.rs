@@ -211,6 +211,22 @@ pub struct MemberAttributes {
     pub client_urls: Vec<String>,
 }
 
+/// A lease as the replicated state holds it (etcd's `leasepb.Lease`). When it expires is the
+/// leader's business (its clock); what every member agrees on is that it exists, its TTL, the
+/// remaining TTL last checkpointed, and (in the key index) which keys it holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Lease {
+    pub id: LeaseId,
+    /// Seconds granted; a keepalive renews the lease for this long.
+    pub ttl: i64,
+    /// Seconds left at the last checkpoint; 0 when none was taken since the grant or the last
+    /// keepalive. A new leader counts down from here instead of from the full TTL.
+    pub remaining_ttl: i64,
+}
+
+/// etcd's largest lease TTL, in seconds (`MaxLeaseTTL`).
+pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
+
 /// A mutating request, as replicated through Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -223,6 +239,21 @@ pub enum Command {
         member: u64,
         attributes: MemberAttributes,
     },
+    /// Creates a lease. The proposer chose the id (when the client left it 0) and raised the
+    /// TTL to the minimum, so every member applies the same values.
+    LeaseGrant {
+        id: LeaseId,
+        ttl: i64,
+    },
+    /// Deletes a lease and every key attached to it, in one revision.
+    LeaseRevoke {
+        id: LeaseId,
+    },
+    /// The leader's record of leases' remaining TTLs, so a new leader or a restart neither
+    /// forgets how far they ran nor grants them a full TTL again.
+    LeaseCheckpoint {
+        checkpoints: Vec<(LeaseId, i64)>,
+    },
 }
 
 /// The result of applying a [`Command`].
@@ -234,4 +265,15 @@ pub enum CommandResponse {
     Compact(CompactResponse),
     /// The attributes are recorded. Nothing else changed: the revision did not move.
     PublishMember,
+    /// The lease exists; the revision did not move.
+    LeaseGrant {
+        revision: Revision,
+        lease: Lease,
+    },
+    /// The lease and its keys are gone; the revision moved if it held keys.
+    LeaseRevoke {
+        revision: Revision,
+    },
+    /// The remaining TTLs are recorded (leases gone meanwhile are skipped).
+    LeaseCheckpoint,
 }

@@ -28,6 +28,7 @@ fn step() -> impl Strategy<Value = Step> {
         4 => txn(1).prop_map(|t| Step::Cmd(Command::Txn(t))),
         1 => (0i64..30).prop_map(|r| Step::Cmd(Command::Compact(CompactRequest { revision: Revision(r), physical: false }))),
         1 => publish().prop_map(Step::Cmd),
+        2 => lease_cmd().prop_map(Step::Cmd),
         5 => range_req().prop_map(Step::Read),
         1 => Just(Step::Restart),
         1 => Just(Step::PhysicalCompaction),
@@ -67,6 +68,7 @@ proptest! {
                     published = model.clone();
                     prop_assert_eq!(store.current_revision(), model.current());
                     prop_assert_eq!(&store.members(), model.members());
+                    leases_match(&store, &model)?;
                 }
                 Step::Read(req) => prop_assert_eq!(store.range(&req), model.range(&req), "read {:?}", req),
                 Step::Restart => {
@@ -76,6 +78,7 @@ proptest! {
                     prop_assert_eq!(store.current_revision(), published.current());
                     prop_assert_eq!(store.range(&everything()), published.range(&everything()));
                     prop_assert_eq!(&store.members(), published.members());
+                    leases_match(&store, &published)?;
                     for (i, cmd, outcome) in &uncommitted {
                         let (mut outs, prepared) = store.execute(&[(*i, Some(cmd))]).unwrap();
                         prop_assert_eq!(&outs.pop().flatten(), outcome, "replay of {} differs", i);
@@ -92,7 +95,21 @@ proptest! {
         prop_assert_eq!(store.applied_index(), raft_index);
         prop_assert_eq!(store.range(&everything()), model.range(&everything()));
         prop_assert_eq!(&store.members(), model.members());
+        leases_match(&store, &model)?;
     }
+}
+
+/// Every lease and the keys each holds are the model's.
+fn leases_match<B: backend::Backend>(
+    store: &Store<B>,
+    model: &model::Model,
+) -> Result<(), TestCaseError> {
+    let leases: Vec<Lease> = model.leases().values().copied().collect();
+    prop_assert_eq!(store.leases(), leases);
+    for id in model.leases().keys() {
+        prop_assert_eq!(store.lease_keys(*id), model.lease_keys(*id), "keys of lease {:?}", id);
+    }
+    Ok(())
 }
 
 /// Publishing attributes moves neither the revision nor HashKV, leaves Range alone, and the

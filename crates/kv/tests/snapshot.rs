@@ -167,16 +167,18 @@ proptest! {
         current in -2i64..6,
         compacted in -3i64..6,
     ) {
-        let raw = raw_image(2, 7, current, compacted, count, &body);
+        let raw = raw_image(3, 7, current, compacted, count, &body);
         if let Ok(image) = snapshot::decode(&raw) {
-            prop_assert_eq!(snapshot::encode(image.meta(), image.records(), image.members()), raw);
+            let again =
+                snapshot::encode(image.meta(), image.records(), image.members(), image.leases());
+            prop_assert_eq!(again, raw);
         }
     }
 }
 
 /// An image put together by hand, following the layout in `cairn_kv::snapshot`: magic, version,
-/// applied index, current, compacted, record count, the records, an empty member section, and
-/// the crc32c of all that.
+/// applied index, current, compacted, record count, the records, an empty member section, an
+/// empty lease section (version 3), and the crc32c of all that.
 fn raw_image(
     version: u32,
     applied: u64,
@@ -190,6 +192,28 @@ fn raw_image(
 
 /// [`raw_image`] with the member section given (its count, then the members).
 fn raw_image_with(
+    version: u32,
+    applied: u64,
+    current: i64,
+    compacted: i64,
+    count: u64,
+    records: &[u8],
+    members: &[u8],
+) -> Vec<u8> {
+    let leases = if version >= 3 { 0u64.to_be_bytes().to_vec() } else { Vec::new() };
+    raw_image_leases(
+        version,
+        applied,
+        current,
+        compacted,
+        count,
+        records,
+        &[members, &leases].concat(),
+    )
+}
+
+/// [`raw_image_with`] with everything after the records given (members, then leases).
+fn raw_image_leases(
     version: u32,
     applied: u64,
     current: i64,
@@ -300,22 +324,35 @@ fn the_image_layout_is_as_documented() {
         delete("b"),
         compact(4),
         publish(9, "m9", &["http://y:1", "http://y:2"]),
+        Command::LeaseGrant { id: LeaseId(7), ttl: 10 },
+        Command::LeaseGrant { id: LeaseId(-3), ttl: 60 },
+        Command::LeaseCheckpoint { checkpoints: vec![(LeaseId(7), 4), (LeaseId(8), 1)] },
     ];
     for (i, cmd) in cmds.iter().enumerate() {
         store.apply(&[(i as u64 + 1, Some(cmd))]).unwrap();
     }
     // Compaction at 4 keeps b@3 and a@4 (each key's live change at 4) and b's deletion at 5
     // (above it); it drops a@2, superseded at 4. The publishes took no revision; member 9's
-    // second replaced its first.
+    // second replaced its first. Leases take no revision either; the checkpoint of a lease
+    // that does not exist (8) changed nothing.
     let mut records = raw_record(3, 0, &put_record("b", "2", 3, 1));
     records.extend(raw_record(4, 0, &put_record("a", "3", 2, 2)));
     records.extend(raw_record(5, 0, &tombstone("b")));
-    let members = member_section(&[
+    let mut after = member_section(&[
         raw_member(2, "m2", &[]),
         raw_member(9, "m9", &["http://y:1", "http://y:2"]),
     ]);
-    assert_eq!(store.image().unwrap(), raw_image_with(2, 8, 5, 4, 3, &records, &members));
-    assert_eq!(snapshot::empty_image(9), raw_image(2, 9, 1, -1, 0, &[]));
+    after.put_u64(2);
+    for (id, ttl, remaining) in [(-3i64, 60i64, 0i64), (7, 10, 4)] {
+        after.put_i64(id);
+        after.put_i64(ttl);
+        after.put_i64(remaining);
+    }
+    assert_eq!(store.image().unwrap(), raw_image_leases(3, 11, 5, 4, 3, &records, &after));
+    assert_eq!(snapshot::empty_image(9), raw_image(3, 9, 1, -1, 0, &[]));
+    // Version 2 (no lease section) is still read, as holding no leases.
+    let v2 = snapshot::decode(&raw_image(2, 9, 1, -1, 0, &[])).unwrap();
+    assert!(v2.leases().is_empty());
 }
 
 /// A store with some history, and its image.

@@ -47,6 +47,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => delete_req().prop_map(|d| Step::Cmd(Command::DeleteRange(d))),
         3 => txn(1).prop_map(|t| Step::Cmd(Command::Txn(t))),
         1 => (0i64..30).prop_map(|r| Step::Cmd(Command::Compact(CompactRequest { revision: Revision(r), physical: false }))),
+        2 => lease_cmd().prop_map(Step::Cmd),
         2 => Just(Step::Flush),
         1 => Just(Step::Restart),
         1 => Just(Step::PhysicalCompaction),

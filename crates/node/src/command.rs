@@ -117,6 +117,23 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
             w.u64(*member);
             publish(&mut w, attributes);
         }
+        Command::LeaseGrant { id, ttl } => {
+            w.u8(6);
+            w.i64(id.0);
+            w.i64(*ttl);
+        }
+        Command::LeaseRevoke { id } => {
+            w.u8(7);
+            w.i64(id.0);
+        }
+        Command::LeaseCheckpoint { checkpoints } => {
+            w.u8(8);
+            w.0.put_u32(checkpoints.len() as u32);
+            for (id, remaining) in checkpoints {
+                w.i64(id.0);
+                w.i64(*remaining);
+            }
+        }
     }
     w.0.into()
 }
@@ -135,6 +152,16 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
         3 => Command::Txn(get_txn(&mut r, 0)?),
         4 => Command::Compact(CompactRequest { revision: Revision(r.i64()?), physical: r.bool()? }),
         5 => Command::PublishMember { member: r.u64()?, attributes: get_publish(&mut r)? },
+        6 => Command::LeaseGrant { id: LeaseId(r.i64()?), ttl: r.i64()? },
+        7 => Command::LeaseRevoke { id: LeaseId(r.i64()?) },
+        8 => {
+            // Each checkpoint takes 16 bytes: a count beyond what is left is malformed.
+            let n = r.count()?;
+            r.need(n.saturating_mul(16))?;
+            let checkpoints =
+                (0..n).map(|_| Ok((LeaseId(r.i64()?), r.i64()?))).collect::<Result<_, _>>()?;
+            Command::LeaseCheckpoint { checkpoints }
+        }
         _ => return Err(DecodeError("unknown command")),
     };
     if !r.0.is_empty() {

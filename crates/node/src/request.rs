@@ -25,7 +25,15 @@ pub fn prepare(id: RequestId, cmd: &Command, limits: Limits) -> Result<Bytes, En
         Command::Put(p) => check_put(p)?,
         Command::DeleteRange(d) if d.key.is_empty() => return Err(KvError::EmptyKey.into()),
         Command::Txn(t) => check_txn(t, limits.max_txn_ops)?,
-        Command::DeleteRange(_) | Command::Compact(_) | Command::PublishMember { .. } => {}
+        Command::LeaseGrant { ttl, .. } if *ttl > cairn_kv::MAX_LEASE_TTL => {
+            return Err(KvError::LeaseTtlTooLarge.into())
+        }
+        Command::DeleteRange(_)
+        | Command::Compact(_)
+        | Command::PublishMember { .. }
+        | Command::LeaseGrant { .. }
+        | Command::LeaseRevoke { .. }
+        | Command::LeaseCheckpoint { .. } => {}
     }
     let data = crate::command::encode(id.0, cmd);
     if data.len() > limits.max_request_bytes {

@@ -11,9 +11,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cairn_kv::backend::{
-    decode_members, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
+    decode_lease, decode_members, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
 };
-use cairn_kv::{MemberAttributes, RevisionId};
+use cairn_kv::{Lease, LeaseId, MemberAttributes, RevisionId};
 
 use crate::rng::Rng;
 
@@ -21,16 +21,18 @@ use crate::rng::Rng;
 struct State {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
+    leases: BTreeMap<LeaseId, Vec<u8>>,
     meta: Meta,
 }
 
 /// How to undo the last commit, while its meta page is not durable.
 #[derive(Debug)]
 enum Undo {
-    /// Restore these records and members (None: remove) and this meta.
+    /// Restore these records, members and leases (None: remove) and this meta.
     Changes {
         records: Vec<(RevisionId, Option<Vec<u8>>)>,
         members: Vec<(u64, Option<Vec<u8>>)>,
+        leases: Vec<(LeaseId, Option<Vec<u8>>)>,
         meta: Meta,
     },
     /// The commit replaced everything: restore the whole previous state.
@@ -72,7 +74,7 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, members, meta } => {
+            Undo::Changes { records, members, leases, meta } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
@@ -84,6 +86,12 @@ impl SimBackend {
                     match old {
                         Some(raw) => state.members.insert(id, raw),
                         None => state.members.remove(&id),
+                    };
+                }
+                for (id, old) in leases {
+                    match old {
+                        Some(raw) => state.leases.insert(id, raw),
+                        None => state.leases.remove(&id),
                     };
                 }
                 state.meta = meta;
@@ -133,6 +141,14 @@ impl Backend for SimBackend {
             .into_iter()
             .map(|(id, raw)| (id, state.members.insert(id, raw)))
             .collect();
+        let mut leases: Vec<_> = batch
+            .leases
+            .into_iter()
+            .map(|(id, change)| match change {
+                Some(raw) => (id, state.leases.insert(id, raw)),
+                None => (id, state.leases.remove(&id)),
+            })
+            .collect();
         let old_meta = state.meta;
         if let Some(meta) = batch.meta {
             state.meta = meta;
@@ -140,7 +156,8 @@ impl Backend for SimBackend {
         // Undo in reverse, so a revision (or member) written twice gets its first old value back.
         undo.reverse();
         members.reverse();
-        disk.undo = Some(Undo::Changes { records: undo, members, meta: old_meta });
+        leases.reverse();
+        disk.undo = Some(Undo::Changes { records: undo, members, leases, meta: old_meta });
         Ok(())
     }
 
@@ -151,8 +168,10 @@ impl Backend for SimBackend {
         }
         let records = batch.puts.into_iter().collect();
         let members = batch.members.into_iter().collect();
+        let leases =
+            batch.leases.into_iter().filter_map(|(id, raw)| raw.map(|raw| (id, raw))).collect();
         let meta = batch.meta.unwrap_or_default();
-        let state = Arc::new(State { records, members, meta });
+        let state = Arc::new(State { records, members, leases, meta });
         let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
@@ -192,5 +211,9 @@ impl BackendView for SimView {
 
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
         decode_members(&self.0.members)
+    }
+
+    fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
+        self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
     }
 }

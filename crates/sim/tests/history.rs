@@ -687,7 +687,15 @@ fn changed_write(result: &WriteResult) -> WriteResult {
         Ok(CommandResponse::Compact(c)) => {
             Ok(CommandResponse::Compact(CompactResponse { revision: bump(c.revision) }))
         }
-        Ok(CommandResponse::PublishMember) => Err(KvError::Compacted),
+        Ok(CommandResponse::LeaseRevoke { revision }) => {
+            Ok(CommandResponse::LeaseRevoke { revision: bump(revision) })
+        }
+        Ok(CommandResponse::LeaseGrant { revision, lease }) => {
+            Ok(CommandResponse::LeaseGrant { revision: bump(revision), lease })
+        }
+        Ok(CommandResponse::PublishMember | CommandResponse::LeaseCheckpoint) => {
+            Err(KvError::Compacted)
+        }
         Err(KvError::Compacted) => Err(KvError::FutureRev),
         Err(_) => Err(KvError::Compacted),
     }

@@ -10,13 +10,14 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use cairn_kv::backend::{
-    parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
+    decode_lease, parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta,
+    Record, WriteBatch,
 };
 use std::collections::BTreeMap;
 
-use cairn_kv::{MemberAttributes, Revision, RevisionId};
+use cairn_kv::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 use heed::types::Bytes as Raw;
-use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, WithoutTls};
+use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 const META_KEY: &[u8] = b"meta";
 
@@ -75,6 +76,8 @@ pub struct LmdbBackend {
     meta: Database<Raw, Raw>,
     /// Member id (big-endian u64) to its encoded attributes.
     members: Database<Raw, Raw>,
+    /// Lease id (big-endian i64) to its encoded TTLs.
+    leases: Database<Raw, Raw>,
     path: PathBuf,
 }
 
@@ -104,12 +107,27 @@ impl LmdbBackend {
             env.create_database(&mut wtxn, Some("meta")).map_err(open_err("create db", path))?;
         let members =
             env.create_database(&mut wtxn, Some("members")).map_err(open_err("create db", path))?;
+        let leases =
+            env.create_database(&mut wtxn, Some("leases")).map_err(open_err("create db", path))?;
         wtxn.commit().map_err(open_err("commit", path))?;
-        Ok(LmdbBackend { env, history, meta, members, path: path.to_path_buf() })
+        Ok(LmdbBackend { env, history, meta, members, leases, path: path.to_path_buf() })
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    fn write_leases(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
+        for (id, change) in &batch.leases {
+            let key = id.0.to_be_bytes();
+            match change {
+                Some(raw) => self.leases.put(wtxn, &key, raw).map_err(err("put lease"))?,
+                None => {
+                    self.leases.delete(wtxn, &key).map_err(err("delete lease"))?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -143,6 +161,7 @@ pub struct LmdbView<'a> {
     history: Database<Raw, Raw>,
     meta: Database<Raw, Raw>,
     members: Database<Raw, Raw>,
+    leases: Database<Raw, Raw>,
 }
 
 impl std::fmt::Debug for LmdbView<'_> {
@@ -156,7 +175,13 @@ impl Backend for LmdbBackend {
 
     fn view(&self) -> Result<LmdbView<'_>, BackendError> {
         let txn = self.env.read_txn().map_err(err("begin read"))?;
-        Ok(LmdbView { txn, history: self.history, meta: self.meta, members: self.members })
+        Ok(LmdbView {
+            txn,
+            history: self.history,
+            meta: self.meta,
+            members: self.members,
+            leases: self.leases,
+        })
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
@@ -172,6 +197,7 @@ impl Backend for LmdbBackend {
                 .put(&mut wtxn, &id.to_be_bytes(), attributes)
                 .map_err(err("put member"))?;
         }
+        self.write_leases(&mut wtxn, &batch)?;
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -187,11 +213,13 @@ impl Backend for LmdbBackend {
             self.history.put(&mut wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
         }
         self.members.clear(&mut wtxn).map_err(err("clear members"))?;
+        self.leases.clear(&mut wtxn).map_err(err("clear leases"))?;
         for (id, attributes) in &batch.members {
             self.members
                 .put(&mut wtxn, &id.to_be_bytes(), attributes)
                 .map_err(err("put member"))?;
         }
+        self.write_leases(&mut wtxn, &batch)?;
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -246,6 +274,18 @@ impl BackendView for LmdbView<'_> {
             let id: [u8; 8] =
                 k.try_into().map_err(|_| BackendError::Corrupt("bad member id key"))?;
             out.insert(u64::from_be_bytes(id), MemberAttributes::decode(v)?);
+        }
+        Ok(out)
+    }
+
+    fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
+        let mut out = BTreeMap::new();
+        for item in self.leases.iter(&self.txn).map_err(err("scan leases"))? {
+            let (k, v) = item.map_err(err("scan leases"))?;
+            let id: [u8; 8] =
+                k.try_into().map_err(|_| BackendError::Corrupt("bad lease id key"))?;
+            let id = LeaseId(i64::from_be_bytes(id));
+            out.insert(id, decode_lease(id, v)?);
         }
         Ok(out)
     }

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use super::{Inner, Store};
-use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
+use crate::backend::{encode_lease, Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::hash::{self, Hasher, KvHash};
 use crate::index::{Index, IndexEntry};
 use crate::snapshot::{self, Encoder, ImageMeta, InstallError};
@@ -59,10 +59,10 @@ impl<B: Backend> Store<B> {
 
     /// An image of the executed state (what reads see) at [`Store::executed_index`]: its current
     /// and compacted revisions, every record the index references once compaction is
-    /// complete (so the image does not depend on how far compaction got), and every member's
-    /// published attributes.
+    /// complete (so the image does not depend on how far compaction got), every member's
+    /// published attributes and every lease.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let (meta, members, capture) = {
+        let (meta, members, leases, capture) = {
             let inner = self.read();
             let meta = ImageMeta {
                 applied_index: inner.exec_applied,
@@ -70,11 +70,12 @@ impl<B: Backend> Store<B> {
                 compacted: inner.exec_compacted,
             };
             let revs = inner.index.retained(inner.exec_compacted);
-            (meta, inner.members.clone(), self.capture(&inner, revs)?)
+            let leases = inner.leases.all().clone();
+            (meta, inner.members.clone(), leases, self.capture(&inner, revs)?)
         };
         let mut encoder = Encoder::new(meta);
         capture.visit(|rev, record| encoder.push(rev, record))?;
-        Ok(encoder.finish(&members))
+        Ok(encoder.finish(&members, &leases))
     }
 
     /// Replaces the whole state with `image`, durably, and returns its header. The image is
@@ -92,18 +93,19 @@ impl<B: Backend> Store<B> {
         };
         let mut index = Index::default();
         let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
-        let (records, members) = image.into_parts();
+        let (records, members, leases) = image.into_parts();
         for (rev, record) in records {
             batch.puts.push((rev, record.encode()));
             index.push(record.key.clone(), IndexEntry::of(rev, &record));
         }
         batch.members = members.iter().map(|(id, a)| (*id, a.encode())).collect();
+        batch.leases = leases.values().map(|l| (l.id, Some(encode_lease(l)))).collect();
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let mut installed = Inner::new(index, members, meta, inner.epoch + 1);
+            let mut installed = Inner::new(index, members, leases, meta, inner.epoch + 1);
             // The revisions between the old state and the image have no events here: watchers
             // read them from the image's history (or are canceled if it is compacted).
             installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());

@@ -94,12 +94,12 @@ pub fn put_req() -> impl Strategy<Value = PutRequest> {
         any::<bool>(),
         prop::bool::weighted(0.1),
         prop::bool::weighted(0.1),
-        prop::bool::weighted(0.05),
+        prop_oneof![4 => Just(0i64), 1 => 1i64..4],
     )
         .prop_map(|(key, v, prev_kv, ignore_value, ignore_lease, lease)| PutRequest {
             key,
             value: Bytes::from(v),
-            lease: LeaseId(i64::from(lease)),
+            lease: LeaseId(lease),
             prev_kv,
             ignore_value,
             ignore_lease,
@@ -176,7 +176,18 @@ pub fn publish() -> impl Strategy<Value = Command> {
     })
 }
 
-/// Any mutating command, compactions and member attributes included.
+/// Lease grants, revokes and checkpoints over three lease ids (so they collide).
+pub fn lease_cmd() -> impl Strategy<Value = Command> {
+    let id = || (1i64..4).prop_map(LeaseId);
+    prop_oneof![
+        2 => (id(), 1i64..100).prop_map(|(id, ttl)| Command::LeaseGrant { id, ttl }),
+        2 => id().prop_map(|id| Command::LeaseRevoke { id }),
+        1 => prop::collection::vec((id(), 0i64..100), 0..3)
+            .prop_map(|checkpoints| Command::LeaseCheckpoint { checkpoints }),
+    ]
+}
+
+/// Any mutating command, compactions, member attributes and leases included.
 pub fn command() -> impl Strategy<Value = Command> {
     let compact = |r| Command::Compact(CompactRequest { revision: Revision(r), physical: false });
     prop_oneof![
@@ -185,6 +196,7 @@ pub fn command() -> impl Strategy<Value = Command> {
         3 => txn(1).prop_map(Command::Txn),
         1 => (0i64..30).prop_map(compact),
         1 => publish(),
+        2 => lease_cmd(),
     ]
 }
 
