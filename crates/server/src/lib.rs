@@ -53,10 +53,14 @@ pub async fn serve(
         .map_err(anyhow::Error::msg)?;
     let max_request = cfg.engine.max_request_bytes;
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
+    // Set when the server stops: graceful shutdown waits for every stream to end, so the
+    // streams that would never end by themselves (watches) end on it.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let ctx = services::Ctx {
         engine: engine.clone(),
         peer_urls: cfg.advertise_peer_urls.clone(),
         watch_progress_interval: cfg.watch_progress_interval,
+        stopping: stop_rx.clone(),
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
@@ -86,7 +90,6 @@ pub async fn serve(
         },
     ));
     let router = http::routes(engine.clone()).merge(grpc_routes);
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = Vec::new();
     for addr in addrs {
         let listener = tokio::net::TcpListener::bind(addr)

@@ -23,6 +23,8 @@ pub struct Ctx {
     pub peer_urls: Vec<String>,
     /// How often idle watchers that asked for it get a progress notice.
     pub watch_progress_interval: std::time::Duration,
+    /// Becomes true when the server stops; long-lived streams end then.
+    pub stopping: tokio::sync::watch::Receiver<bool>,
 }
 
 impl Ctx {

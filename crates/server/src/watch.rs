@@ -61,9 +61,19 @@ async fn serve(
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
+    let stopping = stopped(ctx.stopping.clone());
+    tokio::pin!(stopping);
     loop {
         tokio::select! {
             biased;
+            // The server is stopping: end the stream so the graceful shutdown need not wait for
+            // a client that never leaves; with etcd's ErrStopped (Unavailable), which clients
+            // take as a cue to resume elsewhere or later, as they do when etcd goes away.
+            () = &mut stopping => {
+                let stopped = Err(Status::unavailable("etcdserver: server stopped"));
+                let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(stopped)).await;
+                return;
+            }
             req = requests.message(), if !ws.has_replies() => match req {
                 Ok(Some(req)) => handle(&mut ws, req),
                 // The client closed its side, or the connection failed: etcd ends the stream.
@@ -85,6 +95,11 @@ async fn serve(
             _ = ticker.tick(), if ws.wants_progress_ticks() => ws.progress_tick(),
         }
     }
+}
+
+/// Resolves once the server is stopping.
+pub(crate) async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
 }
 
 fn handle(ws: &mut WatchStream, req: wpb::WatchRequest) {
@@ -150,7 +165,9 @@ fn encode(ctx: &Ctx, r: WatchReply) -> Vec<wpb::WatchResponse> {
         fragment: false,
         events: Vec::new(),
     };
-    let limit = ctx.engine.config().max_request_bytes;
+    // etcd's threshold: the request limit plus gRPC's overhead allowance (v3rpc's
+    // `grpcOverheadBytes`), the most a client accepts by default.
+    let limit = ctx.engine.config().max_request_bytes + 512 * 1024;
     let field = |e: &Bytes| 1 + prost::length_delimiter_len(e.len()) + e.len();
     let total = base.encoded_len() + events.iter().map(field).sum::<usize>();
     if !r.fragment || total < limit || events.len() < 2 {

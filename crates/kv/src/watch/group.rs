@@ -21,7 +21,7 @@
 //!   event not yet sent, and spares the client its retries); with no watchers, not at all, as
 //!   etcd.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
 
 use super::{Event, EventRun, WatchSpec};
@@ -91,6 +91,9 @@ struct Watcher {
 #[derive(Debug, Default)]
 pub struct WatchGroup {
     watchers: BTreeMap<i64, Watcher>,
+    /// Watchers canceled by compaction: as in etcd, their ids stay taken until the client
+    /// cancels them, which is acknowledged.
+    compacted: BTreeSet<i64>,
     /// etcd's `nextID`: automatic ids count up from 0, skipping ids in use.
     next_id: i64,
     progress_requested: bool,
@@ -146,16 +149,17 @@ impl WatchGroup {
                 return Err(CreateError::EmptyRange);
             }
         }
-        if self.watchers.len() >= MAX_WATCHERS {
+        if self.watchers.len() + self.compacted.len() >= MAX_WATCHERS {
             return Err(CreateError::TooManyWatchers);
         }
+        let taken = |id: &i64| self.watchers.contains_key(id) || self.compacted.contains(id);
         if spec.watch_id != 0 {
-            if self.watchers.contains_key(&spec.watch_id) {
+            if taken(&spec.watch_id) {
                 return Err(CreateError::DuplicateId);
             }
             return Ok(spec.watch_id);
         }
-        while self.watchers.contains_key(&self.next_id) {
+        while taken(&self.next_id) {
             self.next_id += 1;
         }
         self.next_id += 1;
@@ -164,7 +168,7 @@ impl WatchGroup {
 
     /// Removes a watcher and acknowledges it; an unknown id is ignored, as etcd does.
     pub fn cancel(&mut self, id: i64, head: Revision) {
-        if self.watchers.remove(&id).is_some() {
+        if self.watchers.remove(&id).is_some() || self.compacted.remove(&id) {
             self.out.push_back(WatchReply {
                 watch_id: id,
                 revision: head,
@@ -228,6 +232,7 @@ impl WatchGroup {
             self.watchers.iter().filter(|(_, w)| w.next < compacted).map(|(id, _)| *id).collect();
         for id in gone {
             self.watchers.remove(&id);
+            self.compacted.insert(id);
             self.out.push_back(WatchReply {
                 watch_id: id,
                 canceled: true,
