@@ -113,6 +113,9 @@ pub struct ReplicaConfig {
     /// This member's attributes, published through the log whenever the applied ones differ
     /// (see `replica/publish.rs`). `None` publishes nothing.
     pub publish: Option<MemberAttributes>,
+    /// The length of a tick in microseconds, for lease TTLs (which are in seconds). Default
+    /// 100 ms.
+    pub tick_micros: u64,
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
 }
@@ -125,6 +128,7 @@ impl ReplicaConfig {
             snapshot_entries: 10_000,
             observe: false,
             publish: None,
+            tick_micros: 100_000,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

@@ -36,6 +36,8 @@ pub(crate) enum Input {
     Read { reply: Token },
     MoveLeader { target: u64, reply: Token },
     Handover { reply: Token },
+    LeaseRenew { id: cairn_kv::LeaseId, reply: Token },
+    LeaseTtl { id: cairn_kv::LeaseId, reply: Token },
     Committer(Report),
     Peer(PeerInput),
     Stop,
@@ -151,6 +153,8 @@ impl Driver {
                 self.replica.handle_move_leader(cairn_raft::NodeId(target), reply)
             }
             Input::Handover { reply } => self.replica.handle_handover(reply),
+            Input::LeaseRenew { id, reply } => self.replica.handle_lease_renew(id, reply),
+            Input::LeaseTtl { id, reply } => self.replica.handle_lease_ttl(id, reply),
             Input::Committer(Report::Durable(index)) => self.replica.handle_store_durable(index),
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}

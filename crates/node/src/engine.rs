@@ -1,5 +1,9 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
+mod lease;
+
+pub use lease::{KeepAlive, LeaseTimeToLive};
+
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::Path;
@@ -71,6 +75,7 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
             client_urls: cfg.advertise_client_urls.clone(),
         });
     }
+    rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;

@@ -53,7 +53,7 @@ mod watch;
 #[cfg(feature = "planted-bugs")]
 pub use config::ReplicaBug;
 pub use config::{EngineConfig, ReadMode, ReplicaConfig};
-pub use engine::Engine;
+pub use engine::{Engine, KeepAlive, LeaseTimeToLive};
 pub use error::{EngineError, OpenError, StopCause, StorageError};
 pub use ids::{RequestId, RequestIds};
 pub use replica::{AppliedEntry, Bootstrap, Leadership, Observed, Replica, Reply, Work};

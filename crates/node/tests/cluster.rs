@@ -300,3 +300,41 @@ async fn members_publish_their_client_urls_and_a_restart_republishes_only_a_chan
     assert_eq!(eng(&ms[l]).status().revision, revision);
     ms.iter_mut().for_each(stop);
 }
+
+/// Leases across members: granted through a follower, kept alive only by the leader's clock
+/// (a follower answers NotLeader; the server forwards), and expired by the next leader when
+/// the one that kept it is gone, with the keys deleted on every member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_expires_the_leases_the_old_one_kept() {
+    let mut ms = configs("lease", 3, 10_000);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let f = (l + 1) % 3;
+    let min = eng(&ms[f]).min_lease_ttl();
+    let (lease, _) = eng(&ms[f]).lease_grant(LeaseId(0), min).await.expect("grant via follower");
+    let req = PutRequest {
+        key: Bytes::from("held"),
+        value: Bytes::from("v"),
+        lease: lease.id,
+        ..Default::default()
+    };
+    eng(&ms[f]).put(req).await.expect("put with the lease");
+    assert_eq!(eng(&ms[f]).lease_keep_alive(lease.id).await, Err(EngineError::NotLeader));
+    assert_eq!(eng(&ms[l]).lease_keep_alive(lease.id).await, Ok(min));
+    stop(&mut ms[l]);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let gone = ms.iter().filter_map(|m| m.engine.as_ref()).all(|e| e.leases().is_empty());
+        if gone {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the new leader never expired the lease");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for m in ms.iter().filter(|m| m.engine.is_some()) {
+        let read =
+            RangeRequest { key: Bytes::from("held"), serializable: true, ..Default::default() };
+        assert!(eng(m).range(read).await.expect("read").kvs.is_empty(), "{}", m.name);
+    }
+    ms.iter_mut().for_each(stop);
+}

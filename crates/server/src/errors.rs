@@ -18,6 +18,8 @@ pub fn status(e: EngineError) -> Status {
             | KvError::TooManyOps
             | KvError::TxnTooDeep => Code::InvalidArgument,
             KvError::LeaseNotFound => Code::NotFound,
+            KvError::LeaseExist => Code::FailedPrecondition,
+            KvError::LeaseTtlTooLarge => Code::OutOfRange,
             KvError::Backend(_) => Code::DataLoss,
             _ => Code::Internal,
         },

@@ -7,6 +7,7 @@ mod convert;
 mod errors;
 mod grpc_limit;
 mod http;
+mod lease;
 pub mod services;
 mod watch;
 
@@ -61,6 +62,7 @@ pub async fn serve(
         peer_urls: cfg.advertise_peer_urls.clone(),
         watch_progress_interval: cfg.watch_progress_interval,
         stopping: stop_rx.clone(),
+        leader_channels: lease::LeaderChannels::default(),
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".

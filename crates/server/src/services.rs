@@ -7,7 +7,7 @@ use cairn_kv::CompactRequest;
 use cairn_node::Engine;
 use cairn_proto::etcdserverpb as pb;
 use tokio_stream::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 use crate::convert::{self, Header};
 use crate::errors::{no_leader, not_yet, status};
@@ -25,6 +25,8 @@ pub struct Ctx {
     pub watch_progress_interval: std::time::Duration,
     /// Becomes true when the server stops; long-lived streams end then.
     pub stopping: tokio::sync::watch::Receiver<bool>,
+    /// Connections to the leader, for the calls a follower forwards (keepalives, TTLs).
+    pub leader_channels: crate::lease::LeaderChannels,
 }
 
 impl Ctx {
@@ -93,7 +95,7 @@ impl pb::kv_server::Kv for Ctx {
     }
 }
 
-type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
+pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl pb::maintenance_server::Maintenance for Ctx {
@@ -264,45 +266,5 @@ impl pb::cluster_server::Cluster for Ctx {
         _: Request<pb::MemberPromoteRequest>,
     ) -> Result<Response<pb::MemberPromoteResponse>, Status> {
         Err(not_yet("Cluster.MemberPromote (clustering)"))
-    }
-}
-
-#[tonic::async_trait]
-impl pb::lease_server::Lease for Ctx {
-    async fn lease_grant(
-        &self,
-        _: Request<pb::LeaseGrantRequest>,
-    ) -> Result<Response<pb::LeaseGrantResponse>, Status> {
-        Err(not_yet("Lease.LeaseGrant"))
-    }
-
-    async fn lease_revoke(
-        &self,
-        _: Request<pb::LeaseRevokeRequest>,
-    ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
-        Err(not_yet("Lease.LeaseRevoke"))
-    }
-
-    type LeaseKeepAliveStream = BoxStream<pb::LeaseKeepAliveResponse>;
-
-    async fn lease_keep_alive(
-        &self,
-        _: Request<Streaming<pb::LeaseKeepAliveRequest>>,
-    ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
-        Err(not_yet("Lease.LeaseKeepAlive"))
-    }
-
-    async fn lease_time_to_live(
-        &self,
-        _: Request<pb::LeaseTimeToLiveRequest>,
-    ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
-        Err(not_yet("Lease.LeaseTimeToLive"))
-    }
-
-    async fn lease_leases(
-        &self,
-        _: Request<pb::LeaseLeasesRequest>,
-    ) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        Err(not_yet("Lease.LeaseLeases"))
     }
 }

@@ -66,7 +66,13 @@ impl Clients {
             // Applied, and applying it failed (etcd's rules at apply time).
             Err(EngineError::Kv(e)) => Outcome::Write(Err(e)),
             Err(e) if !e.outcome_unknown() => Outcome::Failed,
-            Ok(Reply::Read | Reply::LeaderMoved) | Err(_) => Outcome::Unknown,
+            Ok(
+                Reply::Read
+                | Reply::LeaderMoved
+                | Reply::LeaseRenewed { .. }
+                | Reply::LeaseTtl { .. },
+            )
+            | Err(_) => Outcome::Unknown,
         };
         self.finish(history, op, outcome);
     }

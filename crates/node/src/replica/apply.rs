@@ -126,6 +126,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         for ((entry, request), outcome) in entries.into_iter().zip(decoded).zip(outcomes) {
             if let (Some((id, cmd)), Some(result)) = (&request, &outcome) {
+                self.lessor_applied(cmd, result);
                 self.answer_proposal(*id, &entry, cmd, result);
             }
             if self.cfg.observe {
@@ -135,6 +136,15 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.fail_lost_proposals(last);
         Ok(())
+    }
+
+    /// The lease clock follows what was applied: grants start it, revokes stop it.
+    fn lessor_applied(&mut self, cmd: &Command, result: &Result<CommandResponse, KvError>) {
+        match (cmd, result) {
+            (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => self.lessor_granted(*lease),
+            (Command::LeaseRevoke { id }, Ok(_)) => self.lessor_revoked(*id),
+            _ => {}
+        }
     }
 
     /// Answers the caller of the proposal `id`, if this member made it. The entry must be the
@@ -218,6 +228,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let now = Leadership { leader: ss.leader, term: self.raft.term() };
         if now == self.leadership {
             return;
+        }
+        let me = Some(self.raft.id());
+        if now.leader == me && (self.leadership.leader != me || self.leadership.term != now.term) {
+            self.lessor_promote();
+        } else if now.leader != me && self.leadership.leader == me {
+            self.lessor_demote();
         }
         self.leadership = now;
         self.work.leadership = Some(now);

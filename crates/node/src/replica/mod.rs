@@ -12,6 +12,7 @@
 //! and `FaultyDir`, an in-memory backend), and tests that assert the exact work one input causes.
 
 mod apply;
+mod lease;
 mod moves;
 mod publish;
 mod snapshot;
@@ -46,6 +47,10 @@ pub enum Reply {
     Read,
     /// The member asked for leads now (or there was no leadership to hand over).
     LeaderMoved,
+    /// A keepalive renewed the lease for this many seconds.
+    LeaseRenewed { ttl: i64 },
+    /// A lease's granted TTL and the seconds it has left (-1: no such lease).
+    LeaseTtl { granted: i64, remaining: i64 },
 }
 
 /// A change of leadership, as this member sees it.
@@ -144,6 +149,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     own_ids: RequestIds,
     /// Publishes this member's attributes, if it has any to publish.
     publisher: Option<publish::Publisher>,
+    /// The leader's lease clock.
+    lessor: lease::Lessor,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
     /// A store sync was asked for and not yet reported.
@@ -234,6 +241,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 let election = u64::from(cfg.raft.election_timeout_ticks);
                 publish::Publisher::new(a, election, timeout)
             }),
+            lessor: lease::Lessor::new(cfg.tick_micros),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
@@ -293,6 +301,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((r.token, Err(EngineError::Timeout)));
         }
         self.expire_moves();
+        self.lessor_tick();
     }
 
     /// The committer made the store durable up to `index` (asked for in [`Work::store_sync`]).

@@ -1,0 +1,274 @@
+//! The leader's lease clock (etcd's lessor): when each lease expires, keepalives, remaining
+//! TTLs, and the revokes and checkpoints it proposes.
+//!
+//! Which leases exist, their TTLs and the keys they hold are replicated state (the store's).
+//! When one expires is decided by the leader alone, on its ticks, and carried out as a
+//! `LeaseRevoke` through Raft, so a member that is not leader never revokes, and a revoke is
+//! applied everywhere at the same point of the log. Followers keep no clock for leases.
+//!
+//! Taking over leadership must not cost O(leases) at once (etcd issue 9496): a new leader
+//! schedules the leases it inherits a page per tick, each at `promotion + grace + remaining`
+//! (grace: an election timeout, as etcd's). A lease not yet scheduled cannot expire before it
+//! is, since its expiry is at least `grace` after the promotion and paging finishes within
+//! `grace` ticks for up to `PROMOTE_PAGE × grace` leases (a million with the defaults); beyond
+//! that, later pages expire late, never early. Expired leases are revoked at most
+//! `REVOKES_PER_SECOND`, so a revoke storm never starves writes.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
+
+use cairn_kv::backend::Backend;
+use cairn_kv::{Command, Lease, LeaseId};
+use cairn_storage::fs::Dir;
+
+use super::{Replica, Reply};
+use crate::error::EngineError;
+
+/// Leases a new leader schedules per tick.
+const PROMOTE_PAGE: usize = 100_000;
+/// etcd's `leaseRevokeRate`.
+const REVOKES_PER_SECOND: u64 = 1000;
+/// etcd's default `LeaseCheckpointInterval`: leases longer than this get their remaining TTL
+/// recorded this often, so a new leader neither restarts them from their full TTL nor forgets
+/// how far they ran.
+const CHECKPOINT_SECONDS: u64 = 300;
+/// etcd's `maxLeaseCheckpointBatchSize`.
+const CHECKPOINT_BATCH: usize = 1000;
+/// Ticks before a revoke that was proposed and not applied is proposed again.
+const REVOKE_RETRY_TICKS: u64 = 50;
+
+/// The leader's clock for leases. Empty on a member that does not lead.
+#[derive(Debug)]
+pub(super) struct Lessor {
+    tick_micros: u64,
+    /// Whether this member leads and keeps the clock.
+    primary: bool,
+    /// Executed index from which the leader's store holds every lease committed before it
+    /// took over: renewals and TTLs are answered only from then.
+    ready_at: u64,
+    /// When each scheduled lease expires, in ticks.
+    expiry: HashMap<LeaseId, u64>,
+    /// The same, by time; entries that no longer match `expiry` are stale and skipped.
+    queue: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// Leases from this id on are not scheduled yet; they expire at the tick given plus their
+    /// remaining TTL.
+    promoting: Option<(LeaseId, u64)>,
+    /// When each long lease's remaining TTL is next recorded.
+    checkpoints: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// Revokes allowed per tick.
+    revoke_budget: usize,
+}
+
+impl Lessor {
+    pub(super) fn new(tick_micros: u64) -> Lessor {
+        let tick_micros = tick_micros.max(1);
+        let per_tick = (REVOKES_PER_SECOND * tick_micros).div_ceil(1_000_000).max(1);
+        Lessor {
+            tick_micros,
+            primary: false,
+            ready_at: 0,
+            expiry: HashMap::new(),
+            queue: BinaryHeap::new(),
+            promoting: None,
+            checkpoints: BinaryHeap::new(),
+            revoke_budget: usize::try_from(per_tick).unwrap_or(usize::MAX),
+        }
+    }
+
+    /// Ticks that surely span `seconds` from now: one more than the whole ticks in it, since
+    /// now is somewhere inside the current tick (without it a lease could expire up to a tick
+    /// before its TTL).
+    fn ticks(&self, seconds: i64) -> u64 {
+        let micros = u64::try_from(seconds).unwrap_or(0).saturating_mul(1_000_000);
+        micros.div_ceil(self.tick_micros) + 1
+    }
+
+    /// Whole seconds in `ticks`, rounded down (etcd reports remaining TTLs so).
+    fn seconds(&self, ticks: u64) -> i64 {
+        i64::try_from(ticks.saturating_mul(self.tick_micros) / 1_000_000).unwrap_or(i64::MAX)
+    }
+
+    fn schedule(&mut self, id: LeaseId, at: u64) {
+        self.expiry.insert(id, at);
+        self.queue.push(Reverse((at, id)));
+    }
+
+    /// When a lease expires: scheduled, or (while promoting) when it will be.
+    fn expires(&self, lease: &Lease) -> Option<u64> {
+        if let Some(at) = self.expiry.get(&lease.id) {
+            return Some(*at);
+        }
+        let (cursor, base) = self.promoting?;
+        (lease.id >= cursor).then(|| base + self.ticks(remaining(lease)))
+    }
+}
+
+/// What a new leader counts down from: the last checkpoint, or the full TTL.
+fn remaining(lease: &Lease) -> i64 {
+    if lease.remaining_ttl > 0 {
+        lease.remaining_ttl
+    } else {
+        lease.ttl
+    }
+}
+
+impl<D: Dir, B: Backend, T> Replica<D, B, T> {
+    /// This member became leader: its clock starts; what it inherits is scheduled a page per
+    /// tick, after a grace period.
+    pub(super) fn lessor_promote(&mut self) {
+        let grace = u64::from(self.cfg.raft.election_timeout_ticks);
+        let l = &mut self.lessor;
+        l.primary = true;
+        l.ready_at = self.raft.last_index().0;
+        l.promoting = Some((LeaseId(i64::MIN), self.ticks + grace));
+    }
+
+    /// This member no longer leads: it forgets its clock (the next leader keeps its own).
+    pub(super) fn lessor_demote(&mut self) {
+        let tick_micros = self.lessor.tick_micros;
+        self.lessor = Lessor::new(tick_micros);
+    }
+
+    /// Applied here: a lease was granted. The leader starts its clock.
+    pub(super) fn lessor_granted(&mut self, lease: Lease) {
+        if self.lessor.primary {
+            let at = self.ticks + self.lessor.ticks(lease.ttl);
+            self.lessor.schedule(lease.id, at);
+            self.schedule_checkpoint(&lease);
+        }
+    }
+
+    /// Applied here: a lease is gone.
+    pub(super) fn lessor_revoked(&mut self, id: LeaseId) {
+        self.lessor.expiry.remove(&id);
+    }
+
+    fn schedule_checkpoint(&mut self, lease: &Lease) {
+        if lease.ttl > CHECKPOINT_SECONDS as i64 {
+            let at = self.ticks + self.lessor.ticks(CHECKPOINT_SECONDS as i64);
+            self.lessor.checkpoints.push(Reverse((at, lease.id)));
+        }
+    }
+
+    fn lessor_ready(&self) -> Result<(), EngineError> {
+        if !self.lessor.primary {
+            return Err(EngineError::NotLeader);
+        }
+        if self.store.executed_index() < self.lessor.ready_at {
+            // Leases granted under the previous leader may not be applied here yet.
+            return Err(EngineError::NoLeader);
+        }
+        Ok(())
+    }
+
+    /// A keepalive: the lease runs for its full TTL again from now. Answered with its TTL, or
+    /// `LeaseNotFound`, or `NotLeader` on a member that does not lead (the caller forwards).
+    pub fn handle_lease_renew(&mut self, id: LeaseId, token: T) {
+        let answer = self.lessor_ready().and_then(|()| {
+            let lease =
+                self.store.lease(id).ok_or(EngineError::Kv(cairn_kv::KvError::LeaseNotFound))?;
+            let at = self.ticks + self.lessor.ticks(lease.ttl);
+            self.lessor.schedule(id, at);
+            if lease.remaining_ttl > 0 {
+                // Its last checkpoint is stale now: clear it, as etcd does, or a new leader
+                // would count down from there.
+                self.propose_own(Command::LeaseCheckpoint { checkpoints: vec![(id, 0)] });
+            }
+            Ok(Reply::LeaseRenewed { ttl: lease.ttl })
+        });
+        self.work.answers.push((token, answer));
+    }
+
+    /// A lease's granted and remaining TTL (etcd's TimeToLive), as the leader's clock has it;
+    /// a lease that does not exist has TTL -1 (not an error, as in etcd).
+    pub fn handle_lease_ttl(&mut self, id: LeaseId, token: T) {
+        let answer = self.lessor_ready().map(|()| match self.store.lease(id) {
+            None => Reply::LeaseTtl { granted: 0, remaining: -1 },
+            Some(lease) => {
+                let left =
+                    self.lessor.expires(&lease).map_or(0, |at| at.saturating_sub(self.ticks));
+                Reply::LeaseTtl { granted: lease.ttl, remaining: self.lessor.seconds(left) }
+            }
+        });
+        self.work.answers.push((token, answer));
+    }
+
+    /// One tick of the leader's lease clock: schedules a page of inherited leases, revokes
+    /// what expired (within the rate), records long leases' remaining TTLs.
+    pub(super) fn lessor_tick(&mut self) {
+        if !self.lessor.primary {
+            return;
+        }
+        self.promote_page();
+        self.revoke_expired();
+        self.checkpoint_due();
+    }
+
+    fn promote_page(&mut self) {
+        let Some((cursor, base)) = self.lessor.promoting else { return };
+        let page = self.store.lease_page(cursor, PROMOTE_PAGE);
+        for lease in &page {
+            // A keepalive or a grant since the promotion scheduled it already.
+            if !self.lessor.expiry.contains_key(&lease.id) {
+                let at = base + self.lessor.ticks(remaining(lease));
+                self.lessor.schedule(lease.id, at);
+                self.schedule_checkpoint(lease);
+            }
+        }
+        self.lessor.promoting = match page.last() {
+            Some(last) if page.len() == PROMOTE_PAGE && last.id.0 < i64::MAX => {
+                Some((LeaseId(last.id.0 + 1), base))
+            }
+            _ => None,
+        };
+    }
+
+    fn revoke_expired(&mut self) {
+        let now = self.ticks;
+        let mut budget = self.lessor.revoke_budget;
+        while budget > 0 {
+            let Some(Reverse((at, id))) = self.lessor.queue.peek().copied() else { break };
+            if at > now {
+                break;
+            }
+            self.lessor.queue.pop();
+            if self.lessor.expiry.get(&id) != Some(&at) || self.store.lease(id).is_none() {
+                continue; // renewed, revoked, or never here
+            }
+            // Looked at again later, in case the proposal is lost; applying it unschedules it.
+            self.lessor.schedule(id, now + REVOKE_RETRY_TICKS);
+            self.propose_own(Command::LeaseRevoke { id });
+            budget -= 1;
+        }
+    }
+
+    fn checkpoint_due(&mut self) {
+        let now = self.ticks;
+        let mut batch = Vec::new();
+        while batch.len() < CHECKPOINT_BATCH {
+            let Some(Reverse((at, id))) = self.lessor.checkpoints.peek().copied() else { break };
+            if at > now {
+                break;
+            }
+            self.lessor.checkpoints.pop();
+            let (Some(lease), Some(expires)) = (self.store.lease(id), self.lessor.expiry.get(&id))
+            else {
+                continue;
+            };
+            let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
+            batch.push((id, left));
+            self.schedule_checkpoint(&lease);
+        }
+        if !batch.is_empty() {
+            self.propose_own(Command::LeaseCheckpoint { checkpoints: batch });
+        }
+    }
+
+    /// Proposes a command of the replica's own, answered to no one: the applied state is the
+    /// answer. Only the leader proposes for leases; a refusal (a transfer under way) is
+    /// retried by the clock.
+    fn propose_own(&mut self, cmd: Command) {
+        let data = crate::command::encode(self.own_ids.next_id().0, &cmd);
+        let _ = self.raft.propose(data);
+    }
+}

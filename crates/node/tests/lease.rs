@@ -1,0 +1,133 @@
+//! Leases through the embedded engine: grant and attach, expiry by the leader's clock deleting
+//! every key in one revision (with delete events), keepalives and the background keeper,
+//! TimeToLive, and leases that survive a restart and still expire after it.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cairn_kv::watch::{EventKind, WatchSpec};
+use cairn_kv::*;
+use cairn_node::{Engine, EngineConfig, EngineError};
+
+fn temp_dir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("cairn-lease-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// Fast ticks: 10 ms, elections after 100 ms, so the shortest lease is 1 s.
+fn config(tag: &str, dir: &PathBuf) -> EngineConfig {
+    let mut cfg = EngineConfig::new(tag, dir);
+    cfg.tick_interval = Duration::from_millis(10);
+    cfg
+}
+
+fn put_with(k: &str, lease: LeaseId) -> PutRequest {
+    PutRequest {
+        key: Bytes::from(k.to_string()),
+        value: Bytes::from("v"),
+        lease,
+        ..Default::default()
+    }
+}
+
+async fn exists(e: &Engine, id: LeaseId) -> bool {
+    e.lease_time_to_live(id, false).await.unwrap().ttl >= 0
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_lease_takes_its_keys_in_one_revision() {
+    let dir = temp_dir("expire");
+    let e = Engine::open(config("expire", &dir)).unwrap();
+    assert_eq!(e.min_lease_ttl(), 1);
+    let (lease, _) = e.lease_grant(LeaseId(0), 0).await.unwrap();
+    assert!(lease.id.0 > 0 && lease.ttl == 1, "{lease:?}");
+    for k in ["b", "a", "c"] {
+        e.put(put_with(k, lease.id)).await.unwrap();
+    }
+    assert!(matches!(
+        e.put(put_with("x", LeaseId(4242))).await,
+        Err(EngineError::Kv(KvError::LeaseNotFound))
+    ));
+    let mut w = e
+        .watch(WatchSpec {
+            key: Bytes::from("a"),
+            range_end: Bytes::from("d"),
+            ..Default::default()
+        })
+        .unwrap();
+    let granted = Instant::now();
+    let r = tokio::time::timeout(Duration::from_secs(5), w.next()).await.unwrap().unwrap();
+    assert!(granted.elapsed() >= Duration::from_millis(900), "expired early");
+    let deleted: Vec<_> =
+        r.events.iter().map(|ev| (ev.kind, ev.kv.key.clone(), ev.revision())).collect();
+    let rev = deleted[0].2;
+    assert_eq!(
+        deleted,
+        ["a", "b", "c"].map(|k| (EventKind::Delete, Bytes::from(k), rev)).to_vec(),
+        "every key at one revision, in key order"
+    );
+    assert!(!exists(&e, lease.id).await);
+    assert_eq!(e.lease_revoke(lease.id).await, Err(EngineError::Kv(KvError::LeaseNotFound)));
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keepalives_hold_a_lease_and_time_to_live_counts_down() {
+    let dir = temp_dir("keep");
+    let e = Arc::new(Engine::open(config("keep", &dir)).unwrap());
+    let (lease, _) = e.lease_grant(LeaseId(77), 2).await.unwrap();
+    assert_eq!(e.lease_grant(LeaseId(77), 2).await, Err(EngineError::Kv(KvError::LeaseExist)));
+    e.put(put_with("k", lease.id)).await.unwrap();
+    let t = e.lease_time_to_live(lease.id, true).await.unwrap();
+    assert_eq!((t.granted_ttl, t.keys.clone()), (2, vec![Bytes::from("k")]));
+    assert!((1..=2).contains(&t.ttl), "{t:?}");
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert_eq!(e.lease_keep_alive(lease.id).await.unwrap(), 2);
+    }
+    // The background keeper holds it on its own, until dropped.
+    let keeper = e.keep_lease_alive(lease.id, 2);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(exists(&e, lease.id).await, "the keeper renewed it");
+    drop(keeper);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while exists(&e, lease.id).await {
+        assert!(Instant::now() < deadline, "never expired");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(e.get("k").await.unwrap().is_none());
+    let missing = e.lease_time_to_live(LeaseId(5), true).await.unwrap();
+    assert_eq!((missing.ttl, missing.granted_ttl), (-1, 0));
+    assert_eq!(e.lease_keep_alive(LeaseId(5)).await, Err(EngineError::Kv(KvError::LeaseNotFound)));
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_survive_a_restart_and_still_expire() {
+    let dir = temp_dir("restart");
+    let e = Engine::open(config("restart", &dir)).unwrap();
+    let (lease, _) = e.lease_grant(LeaseId(9), 2).await.unwrap();
+    e.put(put_with("k", lease.id)).await.unwrap();
+    e.stop();
+    drop(e);
+    let e = Engine::open(config("restart", &dir)).unwrap();
+    assert_eq!(e.leases(), vec![Lease { id: LeaseId(9), ttl: 2, remaining_ttl: 0 }]);
+    let t = e.lease_time_to_live(lease.id, true).await.unwrap();
+    assert_eq!(t.keys, vec![Bytes::from("k")]);
+    // A full TTL plus an election timeout of grace after the restart, then gone.
+    let restarted = Instant::now();
+    let deadline = restarted + Duration::from_secs(6);
+    while exists(&e, lease.id).await {
+        assert!(Instant::now() < deadline, "never expired after the restart");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(restarted.elapsed() >= Duration::from_millis(1900), "expired before its TTL");
+    assert!(e.get("k").await.unwrap().is_none());
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
