@@ -8,6 +8,7 @@ mod errors;
 mod grpc_limit;
 mod http;
 mod lease;
+mod range_stream;
 pub mod services;
 mod watch;
 

@@ -93,6 +93,17 @@ impl pb::kv_server::Kv for Ctx {
         let resp = self.engine.compact(c).await.map_err(status)?;
         Ok(Response::new(pb::CompactionResponse { header: self.header().at(resp.revision) }))
     }
+
+    type RangeStreamStream = BoxStream<pb::RangeStreamResponse>;
+
+    async fn range_stream(
+        &self,
+        req: Request<pb::RangeRequest>,
+    ) -> Result<Response<Self::RangeStreamStream>, Status> {
+        self.check_leader(&req)?;
+        let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
+        crate::range_stream::start(self.clone(), req).await
+    }
 }
 
 pub(crate) type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send>>;
