@@ -118,9 +118,10 @@ async fn limits_filters_count_only_and_refusals() {
     let counted = chunks(&mut c, pb::RangeRequest { count_only: true, ..base.clone() }).await;
     assert_eq!((counted.len(), counted[0].count, counted[0].kvs.len()), (1, 500, 0));
     let sorted = pb::RangeRequest { sort_order: 2, sort_target: 4, ..base.clone() };
-    let refused = c.range_stream(sorted).await.err().expect("sorted by value is refused");
+    let Err(refused) = c.range_stream(sorted).await else { panic!("sorted by value is refused") };
     assert_eq!(refused.code(), tonic::Code::Unimplemented);
     c.compact(pb::CompactionRequest { revision: revs[10], physical: false }).await.unwrap();
     let old = c.range_stream(pb::RangeRequest { revision: revs[5], ..base }).await;
-    assert_eq!(old.err().expect("compacted").code(), tonic::Code::OutOfRange);
+    let Err(old) = old else { panic!("a compacted revision is refused") };
+    assert_eq!(old.code(), tonic::Code::OutOfRange);
 }
