@@ -76,6 +76,7 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
         });
     }
     rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);
+    rc.lease_revoke_rate = cfg.lease_revoke_rate;
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;

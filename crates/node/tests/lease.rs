@@ -131,3 +131,35 @@ async fn leases_survive_a_restart_and_still_expire() {
     e.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoke_storm_is_rate_limited_and_writes_go_on() {
+    let dir = temp_dir("storm");
+    let mut cfg = config("storm", &dir);
+    cfg.lease_revoke_rate = 200;
+    let e = Engine::open(cfg).unwrap();
+    for i in 0..400 {
+        let (lease, _) = e.lease_grant(LeaseId(0), 1).await.unwrap();
+        e.put(put_with(&format!("k{i}"), lease.id)).await.unwrap();
+    }
+    // They all expire about now; at 200 a second, revoking them takes about two seconds.
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut halfway = None;
+    while !e.leases().is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(15), "the storm never ended");
+        let t = Instant::now();
+        e.put(put_with("other", LeaseId(0))).await.unwrap();
+        slowest = slowest.max(t.elapsed());
+        if halfway.is_none() && e.leases().len() < 300 {
+            halfway = Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let all = start.elapsed();
+    let first = halfway.expect("seen while revoking");
+    assert!(all - first >= Duration::from_millis(800), "not rate-limited: {first:?} to {all:?}");
+    assert!(slowest < Duration::from_millis(500), "a write waited {slowest:?} during the storm");
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -90,6 +90,10 @@ struct ServeArgs {
     #[arg(long, default_value = "10m", value_parser = cairn::parse_duration,
         alias = "experimental-watch-progress-notify-interval")]
     watch_progress_notify_interval: std::time::Duration,
+    /// Expired leases revoked per second at most (etcd fixes 1,000), so a storm of expiries
+    /// never starves writes.
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+    lease_revoke_rate: u64,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -107,6 +111,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.max_txn_ops = a.max_txn_ops;
     engine.lmdb_map_bytes = a.quota_backend_bytes;
     engine.snapshot_entries = a.snapshot_count;
+    engine.lease_revoke_rate = a.lease_revoke_rate;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }

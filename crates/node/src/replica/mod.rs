@@ -241,7 +241,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 let election = u64::from(cfg.raft.election_timeout_ticks);
                 publish::Publisher::new(a, election, timeout)
             }),
-            lessor: lease::Lessor::new(cfg.tick_micros),
+            lessor: lease::Lessor::new(cfg.tick_micros, cfg.lease_revoke_rate),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
