@@ -112,7 +112,7 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         self.check_leader(&req)?;
-        let mut requests = req.into_inner();
+        let mut requests = crate::watch::read_ahead(req.into_inner());
         let (tx, rx) = mpsc::channel(4);
         let ctx = self.clone();
         tokio::spawn(async move {
@@ -124,10 +124,14 @@ impl pb::lease_server::Lease for Ctx {
                         let _ = tx.send(Err(Status::unavailable("etcdserver: server stopped"))).await;
                         return;
                     }
-                    next = requests.message() => next,
+                    next = requests.recv() => next,
                 };
-                let Ok(Some(req)) = next else { return };
-                let resp = ctx.keep_alive_once(req.id).await;
+                let resp = match next {
+                    Some(Ok(req)) => ctx.keep_alive_once(req.id).await,
+                    // A request that does not decode fails the stream.
+                    Some(Err(e)) => Err(e),
+                    None => return,
+                };
                 let failed = resp.is_err();
                 if tx.send(resp).await.is_err() || failed {
                     return;

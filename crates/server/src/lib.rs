@@ -8,6 +8,7 @@ mod errors;
 mod grpc_limit;
 mod http;
 mod lease;
+mod listen;
 mod range_stream;
 pub mod services;
 mod watch;
@@ -99,19 +100,7 @@ pub async fn serve(
             .await
             .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
         eprintln!("cairn: serving the etcd v3 API on http://{addr}");
-        let mut stop = stop_rx.clone();
-        let app = router.clone();
-        // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
-        let listener = axum::serve::ListenerExt::tap_io(listener, |tcp| {
-            let _ = tcp.set_nodelay(true);
-        });
-        servers.push(tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    let _ = stop.wait_for(|s| *s).await;
-                })
-                .await
-        }));
+        servers.push(tokio::spawn(listen::serve(listener, router.clone(), stop_rx.clone())));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
     // the reason, so a supervisor restarts it and the WAL replays.

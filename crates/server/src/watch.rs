@@ -51,9 +51,10 @@ impl wpb::watch_server::Watch for Ctx {
 async fn serve(
     ctx: Ctx,
     mut ws: WatchStream,
-    mut requests: Streaming<wpb::WatchRequest>,
+    requests: Streaming<wpb::WatchRequest>,
     tx: mpsc::Sender<Result<wpb::WatchResponse, Status>>,
 ) {
+    let mut requests = read_ahead(requests);
     // A zero interval turns the notices off (tokio's interval refuses zero).
     let period = Some(ctx.watch_progress_interval)
         .filter(|d| !d.is_zero())
@@ -74,10 +75,15 @@ async fn serve(
                 let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(stopped)).await;
                 return;
             }
-            req = requests.message(), if !ws.has_replies() => match req {
-                Ok(Some(req)) => handle(&mut ws, req),
+            req = requests.recv(), if !ws.has_replies() => match req {
+                Some(Ok(req)) => handle(&mut ws, req),
                 // The client closed its side, or the connection failed: etcd ends the stream.
-                Ok(None) | Err(_) => return,
+                None => return,
+                Some(Err(e)) => {
+                    // A request that does not decode fails the stream, as grpc-go fails etcd's.
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
             },
             reply = ws.next() => match reply {
                 Ok(reply) => {
@@ -95,6 +101,35 @@ async fn serve(
             _ = ticker.tick(), if ws.wants_progress_ticks() => ws.progress_tick(),
         }
     }
+}
+
+/// Requests a stream may read ahead of handling them.
+const READ_AHEAD: usize = 16 * 1024;
+
+/// Reads a client's requests as they arrive, into a queue of up to `READ_AHEAD`, ending with
+/// the error that ended the stream if one did. Reading promptly matters: hyper's HTTP/2 closes
+/// the whole connection (GOAWAY, ENHANCE_YOUR_CALM) once the small DATA frames it holds unread
+/// exceed half its window (about 2,200 one-message frames), which a client creating thousands
+/// of watches at once, or keeping thousands of leases alive on one stream, would reach while
+/// the stream is busy answering.
+pub(crate) fn read_ahead<T: Send + 'static>(
+    mut requests: Streaming<T>,
+) -> mpsc::Receiver<Result<T, Status>> {
+    let (tx, rx) = mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        loop {
+            let next = match requests.message().await {
+                Ok(Some(req)) => Ok(req),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Resolves once the server is stopping.

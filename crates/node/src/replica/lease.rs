@@ -268,6 +268,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// answer. Only the leader proposes for leases; a refusal (a transfer under way) is
     /// retried by the clock.
     fn propose_own(&mut self, cmd: Command) {
+        // The core may have stepped down this very tick (check-quorum) before the lessor heard
+        // of it; a proposal now would be forwarded to the next leader as if it had decided.
+        if self.raft.role() != cairn_raft::Role::Leader {
+            return;
+        }
         let data = crate::command::encode(self.own_ids.next_id().0, &cmd);
         let _ = self.raft.propose(data);
     }
