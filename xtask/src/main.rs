@@ -11,7 +11,8 @@
 //! 6. the compatibility suites against a release `cairn`: Debian's etcdctl (installed with apt
 //!    if missing), `cairn bench` against Debian's etcd and cairn, the comparison runner in its
 //!    quick mode, and the official Go client (`tests/compat`, modules from the Go proxy), whose
-//!    suite then runs against Debian's etcd too, to check its expectations against etcd itself.
+//!    suite then runs against Debian's etcd too, to check its expectations against etcd itself;
+//!    then `tests/kubernetes` (etcd client 3.6's kubernetes interface) the same two ways.
 //!
 //! 7. the fault harness (`tests/cluster`): 3-member clusters of real processes under kill -9,
 //!    SIGSTOP, partitions and leadership moves, histories judged by porcupine, over three seeds;
@@ -109,7 +110,11 @@ fn compat() -> Result<(), String> {
     run("tests/compat", "go", &["test", "-count=1", "./..."], &[("CAIRN_BIN", bin)])?;
     // The same suite against Debian's etcd: the expectations are claims about etcd's behaviour,
     // so etcd itself must pass them too.
-    run("tests/compat", "go", &["test", "-count=1", "./..."], &[("COMPAT_ETCD", "/usr/bin/etcd")])
+    run("tests/compat", "go", &["test", "-count=1", "./..."], &[("COMPAT_ETCD", "/usr/bin/etcd")])?;
+    // What kube-apiserver relies on, through etcd client 3.6's kubernetes interface; also
+    // checked against Debian's etcd.
+    run("tests/kubernetes", "go", &["test", "-count=1", "./..."], &[("CAIRN_BIN", bin)])?;
+    run("tests/kubernetes", "go", &["test", "-count=1", "./..."], &[("K8S_ETCD", "/usr/bin/etcd")])
 }
 
 /// The fault harness against real clusters (see `tests/cluster`). `env` adds to what it sets.
