@@ -75,33 +75,6 @@ func leaseWaitGone(t *testing.T, c *clientv3.Client, id clientv3.LeaseID, within
 	return time.Time{}
 }
 
-// leaseEvents reads n events from a clientv3 watch, keeping the responses they came in.
-func leaseEvents(t *testing.T, wch clientv3.WatchChan, n int, within time.Duration) ([]clientv3.WatchResponse, []*clientv3.Event) {
-	t.Helper()
-	var resps []clientv3.WatchResponse
-	var evs []*clientv3.Event
-	deadline := time.After(within)
-	for len(evs) < n {
-		select {
-		case resp, ok := <-wch:
-			if !ok {
-				t.Fatalf("the watch closed after %d of %d events", len(evs), n)
-			}
-			if err := resp.Err(); err != nil {
-				t.Fatalf("watch error after %d of %d events: %v", len(evs), n, err)
-			}
-			if len(resp.Events) == 0 {
-				continue
-			}
-			resps = append(resps, resp)
-			evs = append(evs, resp.Events...)
-		case <-deadline:
-			t.Fatalf("%d of %d events after %v", len(evs), n, within)
-		}
-	}
-	return resps, evs
-}
-
 // leaseWatch opens a watch on prefix from revision rev and waits until the server has created
 // it, so that nothing written afterwards can be missed.
 func leaseWatch(t *testing.T, c *clientv3.Client, prefix string, rev int64) clientv3.WatchChan {
@@ -297,7 +270,7 @@ func TestLeaseRevokeDeletesKeysInOneRevision(t *testing.T) {
 	if rv.Header.Revision != last+1 {
 		t.Fatalf("the revoke's header is the revision of its deletes: %d, want %d", rv.Header.Revision, last+1)
 	}
-	resps, evs := leaseEvents(t, wch, len(keys), 10*time.Second)
+	resps, evs := collect(t, wch, len(keys), 10*time.Second)
 	wantDeletes(t, resps, evs, keys, last+1)
 	got := must(c.Get(x, "r/", clientv3.WithPrefix()))
 	if got.Count != 1 || string(got.Kvs[0].Key) != "r/stay" || got.Header.Revision != last+1 {
@@ -341,7 +314,7 @@ func TestLeaseExpiresAndDeletesItsKeys(t *testing.T) {
 		must(c.Put(x, k, "v", clientv3.WithLease(g.ID)))
 	}
 	wch := leaseWatch(t, c, "x/", base+1)
-	if _, evs := leaseEvents(t, wch, len(keys), 5*time.Second); evs[0].Type != mvccpb.PUT {
+	if _, evs := collect(t, wch, len(keys), 5*time.Second); evs[0].Type != mvccpb.PUT {
 		t.Fatal("the watch starts with the puts")
 	}
 	time.Sleep(time.Until(start.Add(time.Duration(g.TTL)*time.Second - time.Second)))
@@ -354,7 +327,7 @@ func TestLeaseExpiresAndDeletesItsKeys(t *testing.T) {
 		t.Fatalf("the lease expired after %v, before its TTL of %d s", gone.Sub(start), g.TTL)
 	}
 	t.Logf("expired %v after the grant (TTL %d s)", gone.Sub(start), g.TTL)
-	resps, evs := leaseEvents(t, wch, len(keys), 5*time.Second)
+	resps, evs := collect(t, wch, len(keys), 5*time.Second)
 	wantDeletes(t, resps, evs, keys, base+len64(keys)+1)
 	got := must(c.Get(x, "x/", clientv3.WithPrefix()))
 	if got.Count != 1 || got.Header.Revision != base+len64(keys)+1 {
@@ -550,7 +523,7 @@ func TestLeaseSurvivesRestart(t *testing.T) {
 	const grace, margin = time.Second, 3 * time.Second
 	gone := leaseWaitGone(t, c, g.ID, time.Until(restarted.Add(ttl*time.Second+grace+margin)))
 	t.Logf("expired %v after the restart (TTL %d s)", gone.Sub(restarted), ttl)
-	resps, evs := leaseEvents(t, wch, len(keys), 5*time.Second)
+	resps, evs := collect(t, wch, len(keys), 5*time.Second)
 	wantDeletes(t, resps, evs, keys, last+1)
 }
 
