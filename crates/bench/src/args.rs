@@ -44,6 +44,10 @@ pub struct BenchArgs {
     /// Give up on one request after this many seconds.
     #[arg(long, default_value_t = 10, global = true)]
     pub timeout_secs: u64,
+    /// The server's process id, when it runs on this machine: its VmRSS (from /proc) is sampled
+    /// during the run and reported (start, peak, end).
+    #[arg(long, global = true)]
+    pub server_pid: Option<u32>,
     #[command(subcommand)]
     pub workload: Workload,
 }
@@ -76,15 +80,33 @@ pub enum Workload {
         #[arg(long, default_value_t = 0.5)]
         read_ratio: f64,
     },
-    /// Fan-out: N watchers on one prefix, one writer; counts events delivered.
+    /// Fan-out: N watchers on one prefix, one writer (sequential puts); counts events delivered
+    /// and their rate.
     Watch {
         #[arg(long, default_value_t = 10)]
         watchers: usize,
+        /// Watch streams the watchers share, spread over --conns; 0: one stream per watcher.
+        #[arg(long, default_value_t = 0)]
+        streams: usize,
     },
     /// One watcher, one writer: time from a put's acknowledgement to its event.
     WatchLatency,
+    /// Idle watchers: opens N watchers on distinct keys, holds them, and (with --server-pid)
+    /// reports the server's RSS growth per watcher.
+    WatchIdle {
+        #[arg(long, default_value_t = 10_000)]
+        watchers: usize,
+        /// Watch streams the watchers share, spread over --conns.
+        #[arg(long, default_value_t = 100)]
+        streams: usize,
+        /// Seconds to hold the watchers open before the RSS is read.
+        #[arg(long, default_value_t = 3)]
+        hold_secs: u64,
+    },
     /// Each client grants a lease and sends keepalives on a stream.
     LeaseKeepalive,
+    /// Each client grants a lease and revokes it; a grant and its revoke are one request.
+    LeaseGrantRevoke,
     /// T4 preset: sequential puts, one client, 64-byte keys.
     SeqPut,
     /// T4 preset: puts from 16 clients, 64-byte keys.
@@ -105,7 +127,9 @@ impl Workload {
             Workload::Mixed { .. } => "mixed",
             Workload::Watch { .. } => "watch",
             Workload::WatchLatency => "watch-latency",
+            Workload::WatchIdle { .. } => "watch-idle",
             Workload::LeaseKeepalive => "lease-keepalive",
+            Workload::LeaseGrantRevoke => "lease-grant-revoke",
             Workload::SeqPut => "seq-put",
             Workload::ParPut => "par-put",
             Workload::SeqGet => "seq-get",

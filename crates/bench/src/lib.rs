@@ -5,10 +5,13 @@
 //! `--conns` gRPC connections. Failed requests are counted and reported by kind, never skipped.
 
 pub mod args;
+mod lease;
+mod procfs;
 pub mod report;
 pub mod target;
 mod watch;
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +20,11 @@ pub use args::{BenchArgs, Consistency, Workload};
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{Report, Tally};
 use target::{Embedded, Grpc, Target};
+
+/// Workload-specific counters of a run (watch events delivered, server RSS, ...).
+pub(crate) type Extra = BTreeMap<&'static str, u64>;
+/// What a workload on streams returns: its tally, its duration and its counters.
+pub(crate) type Outcome = Result<(Tally, Duration, Extra), String>;
 
 /// What each request does, after presets are resolved.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -70,7 +78,11 @@ fn resolve(mut a: BenchArgs) -> (BenchArgs, Option<Op>) {
                 Some(Op::Put)
             }
         }
-        Workload::Watch { .. } | Workload::WatchLatency | Workload::LeaseKeepalive => None,
+        Workload::Watch { .. }
+        | Workload::WatchLatency
+        | Workload::WatchIdle { .. }
+        | Workload::LeaseKeepalive
+        | Workload::LeaseGrantRevoke => None,
     };
     (a, op)
 }
@@ -195,49 +207,73 @@ async fn choose_endpoint(a: &BenchArgs, timeout: Duration) -> Result<(Grpc, Stri
     first.ok_or_else(|| "no endpoint given".to_string())
 }
 
+/// Runs a workload against a gRPC endpoint.
+async fn run_grpc(conn: &Grpc, a: &BenchArgs, op: Option<Op>, range_key: Vec<u8>) -> Outcome {
+    match (op, &a.workload) {
+        (Some(op), _) => {
+            prepare(conn, a, op).await?;
+            let (t, e) = drive(conn.clone(), a, op, range_key).await;
+            Ok((t, e, Extra::new()))
+        }
+        (None, Workload::Watch { watchers, streams }) => {
+            watch::fan_out(conn, a, *watchers, *streams).await
+        }
+        (None, Workload::WatchLatency) => watch::latency(conn, a).await,
+        (None, Workload::WatchIdle { watchers, streams, hold_secs }) => {
+            watch::idle(conn, a, *watchers, *streams, *hold_secs).await
+        }
+        (None, Workload::LeaseKeepalive) => lease::keepalive(conn, a).await,
+        (None, Workload::LeaseGrantRevoke) => lease::grant_revoke(conn, a).await,
+        (None, w) => Err(format!("{} has no runner", w.name())),
+    }
+}
+
+/// Runs a workload against an engine in this process.
+async fn run_embedded(
+    a: &BenchArgs,
+    dir: &std::path::Path,
+    op: Option<Op>,
+    range_key: Vec<u8>,
+) -> Result<Report, String> {
+    let name = a.workload.name();
+    let Some(op) = op else {
+        return Err(format!("{name} is not available in --embedded mode"));
+    };
+    let target = Embedded::open(dir)?;
+    prepare(&target, a, op).await?;
+    let (tally, elapsed) = drive(target.clone(), a, op, range_key).await;
+    target.0.stop();
+    Ok(Report {
+        workload: name.to_string(),
+        endpoint: format!("embedded:{}", dir.display()),
+        server_version: "cairn (embedded)".into(),
+        params: params(a),
+        elapsed,
+        tally,
+        extra: Default::default(),
+    })
+}
+
 /// Runs the benchmark the arguments describe.
 pub async fn run(args: BenchArgs) -> Result<Report, String> {
     let timeout = Duration::from_secs(args.timeout_secs);
     let (a, op) = resolve(args);
-    let name = a.workload.name().to_string();
     let range_key = match &a.workload {
         Workload::Range { key, .. } => key.as_bytes().to_vec(),
         _ => b"foo".to_vec(),
     };
     if let Some(dir) = &a.embedded {
-        let Some(op) = op else {
-            return Err(format!("{name} is not available in --embedded mode"));
-        };
-        let target = Embedded::open(dir)?;
-        prepare(&target, &a, op).await?;
-        let (tally, elapsed) = drive(target.clone(), &a, op, range_key).await;
-        target.0.stop();
-        let endpoint = format!("embedded:{}", dir.display());
-        return Ok(Report {
-            workload: name,
-            endpoint,
-            server_version: "cairn (embedded)".into(),
-            params: params(&a),
-            elapsed,
-            tally,
-            extra: Default::default(),
-        });
+        return run_embedded(&a, dir, op, range_key).await;
     }
     let (conn, version) = choose_endpoint(&a, timeout).await?;
-    let endpoint = conn.endpoint.clone();
-    let (tally, elapsed, extra) = match (op, &a.workload) {
-        (Some(op), _) => {
-            prepare(&conn, &a, op).await?;
-            let (t, e) = drive(conn, &a, op, range_key).await;
-            (t, e, Default::default())
-        }
-        (None, Workload::Watch { watchers }) => watch::fan_out(&conn, &a, *watchers).await?,
-        (None, Workload::WatchLatency) => watch::latency(&conn, &a).await?,
-        (None, _) => watch::lease_keepalive(&conn, &a).await?,
-    };
+    let sampler = a.server_pid.map(procfs::RssSampler::start);
+    let (tally, elapsed, mut extra) = run_grpc(&conn, &a, op, range_key).await?;
+    if let Some(s) = sampler {
+        extra.extend(s.finish().await);
+    }
     Ok(Report {
-        workload: name,
-        endpoint,
+        workload: a.workload.name().to_string(),
+        endpoint: conn.endpoint.clone(),
         server_version: version,
         params: params(&a),
         elapsed,

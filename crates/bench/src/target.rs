@@ -49,7 +49,7 @@ pub struct Grpc {
     pub endpoint: String,
 }
 
-fn status_err(s: tonic::Status) -> OpError {
+pub(crate) fn status_err(s: tonic::Status) -> OpError {
     format!("{:?}: {}", s.code(), s.message())
 }
 
