@@ -20,7 +20,10 @@ $CAIRN_BIN picks the cairn binary (default: target/release/cairn).
     python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
     python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
     python3 scripts/compare.py --members 3   # 3-member clusters: bench/results/<date>-3members.md
-"""
+    python3 scripts/compare.py --rows WL,LS  # only the rows whose ids start so: <date>-wl-ls.md
+
+The watch and lease rows (WL, LS) are in compare_streams.py. A row that fails for one system is
+reported as n/a with its error; the run goes on."""
 
 import argparse
 import datetime
@@ -37,6 +40,8 @@ import sys
 import tempfile
 import time
 import urllib.request
+
+import compare_streams as streams
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CAIRN = os.environ.get("CAIRN_BIN") or os.path.join(ROOT, "target", "release", "cairn")
@@ -55,8 +60,6 @@ MATRIX = [
     ("T4 seq-get", ["--total", "5000", "seq-get"]),
     ("T4 par-get", ["--total", "10000", "par-get"]),
     ("T4 mixed 50/50", ["--conns", "4", "--clients", "16", "--key-size", "64", "--key-space", "1000", "--total", "10000", "mixed", "--read-ratio", "0.5"]),
-    ("WL watch latency", ["--total", "2000", "watch-latency"]),
-    ("WL watch fan-out 10", ["--total", "2000", "watch", "--watchers", "10"]),
 ]
 
 
@@ -180,13 +183,17 @@ class Server:
 
 
 def bench(endpoint, args, quick):
+    """One `cairn bench --json` run: its results, or {"error": why} (never raises)."""
     if quick:
         args = [str(max(100, int(a) // 20)) if prev == "--total" else a for prev, a in zip([""] + args, args)]
-    out = subprocess.run([CAIRN, "bench", "--endpoints", endpoint, "--json"] + args,
-                         capture_output=True, text=True, timeout=600)
-    if out.returncode != 0:
-        return {"error": out.stderr.strip()[-300:]}
-    return json.loads(out.stdout)["results"]
+    try:
+        out = subprocess.run([CAIRN, "bench", "--endpoints", endpoint, "--json"] + args,
+                             capture_output=True, text=True, timeout=600)
+        if out.returncode != 0:
+            return {"error": out.stderr.strip()[-300:] or f"exit status {out.returncode}"}
+        return json.loads(out.stdout)["results"]
+    except (subprocess.TimeoutExpired, ValueError, KeyError) as e:
+        return {"error": f"{type(e).__name__}: {e}"[:300]}
 
 
 # The rows the single-node issue measures with etcd's own `benchmark` tool (W2 doubles as the
@@ -206,7 +213,7 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def etcd_benchmark(endpoint, server_pid, quick):
+def etcd_benchmark(endpoint, server_pid, quick, wanted):
     """etcd's own tool on TOOL_ROWS, with the CPU each side spends per request: on a small
     machine the tool shares the cores, so its cost per request bounds any server's ratio."""
     tool = os.path.join(ETCD_BUILT, "benchmark")
@@ -214,6 +221,8 @@ def etcd_benchmark(endpoint, server_pid, quick):
         return None
     rows = {}
     for row, args in TOOL_ROWS:
+        if not wanted(row):
+            continue
         if quick:
             args = [f"--total={max(200, int(x.split('=')[1]) // 50)}" if x.startswith("--total=") else x for x in args]
         total = int(next(x for x in args if x.startswith("--total=")).split("=")[1])
@@ -242,6 +251,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--etcd", help="etcd server binary (default: 3.5.17 if built, else Debian's)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results"))
+    ap.add_argument("--rows", help="comma-separated prefixes of row ids to run (e.g. WL,LS); default all")
     ap.add_argument("--members", type=int, default=1,
                     help="1: single members, the full matrix (default); 3 or 5: clusters, the cluster matrix, "
                          "report <date>-<N>members.md")
@@ -253,6 +263,8 @@ def main():
     etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     if a.members > 1:
         return run_cluster(a, etcd, etcd_version)
+    prefixes = [p.strip() for p in (a.rows or "").split(",") if p.strip()]
+    wanted = lambda row: not prefixes or any(row.startswith(p) for p in prefixes)
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before = fdatasync_latency()
     results = {}  # (row, system) -> list of result dicts
@@ -266,16 +278,19 @@ def main():
                 try:
                     subprocess.run([CAIRN, "bench", "--endpoints", srv.endpoint, "--total", "1", "put"],
                                    capture_output=True, timeout=60)
-                    for row, args in MATRIX:
+                    for row, args in filter(lambda m: wanted(m[0]), MATRIX):
                         res = bench(srv.endpoint, args, a.quick)
                         results.setdefault((row, system), []).append(res)
                         print(f"round {r + 1} {system:5} {row:24} {res.get('throughput_ops', 0):10.0f} ops/s"
                               f" errors {res.get('errors', '-')}", file=sys.stderr)
-                    tool_rows = etcd_benchmark(srv.endpoint, srv.proc.pid, a.quick)
+                    tool_rows = etcd_benchmark(srv.endpoint, srv.proc.pid, a.quick, wanted)
                     for row, res in (tool_rows or {}).items():
                         crosscheck.setdefault((row, system), []).append(res)
                         print(f"round {r + 1} {system:5} {row:24} {res.get('throughput_ops', 0):10.0f} ops/s"
                               f" (etcd's benchmark tool)", file=sys.stderr)
+                    binary = etcd if system == "etcd" else CAIRN
+                    streams.run_rows(system, r, srv, lambda: Server(system, binary, work), bench, a.quick, wanted,
+                                     results, lambda line: print(line, file=sys.stderr))
                     resources[system].append({"start_ms": srv.start_ms, "idle_rss_kib": srv.idle_rss,
                                               "loaded_rss_kib": rss_kib(srv.proc.pid)})
                 finally:
@@ -283,7 +298,7 @@ def main():
     finally:
         shutil.rmtree(work, ignore_errors=True)
     fs_after = fdatasync_latency()
-    write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds)
+    write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds, prefixes)
 
 
 def summarize(results, row, system):
@@ -299,31 +314,40 @@ def summarize(results, row, system):
     return out
 
 
-def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds):
+def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, etcd_version, rounds, prefixes):
     day = datetime.date.today().isoformat()
     out_dir = tempfile.mkdtemp(prefix="cairn-compare-report-") if a.quick else a.out
     os.makedirs(out_dir, exist_ok=True)
-    md_path, png_path = os.path.join(out_dir, f"{day}.md"), os.path.join(out_dir, f"{day}.png")
+    stem = "-".join([day] + ["".join(c for c in p.lower() if c.isalnum()) for p in prefixes])
+    md_path, png_path = os.path.join(out_dir, f"{stem}.md"), os.path.join(out_dir, f"{stem}.png")
     lines = [f"# cairn vs etcd, {day}", "",
              f"Machine: {platform.machine()}, {os.cpu_count()} cores, Linux {platform.release()}; "
              f"loopback, single member each, fsync on. etcd: {etcd_version} (`{etcd}`); cairn: `{CAIRN}`.",
              f"Medians of {rounds} rounds; each round starts both systems fresh, alternating which goes first. "
              f"Client: `cairn bench` (key 8 B, value 256 B unless the row says otherwise).",
              f"Raw fdatasync before: p50 {fs_before['p50_us']} µs, p99 {fs_before['p99_us']} µs; "
-             f"after: p50 {fs_after['p50_us']} µs, p99 {fs_after['p99_us']} µs.", "",
-             "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs |",
-             "| --- | ---: | ---: | ---: | ---: | ---: |"]
+             f"after: p50 {fs_after['p50_us']} µs, p99 {fs_after['p99_us']} µs."]
+    if any((row, s) in results for row, _ in MATRIX for s in ("etcd", "cairn")):
+        lines += ["", "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs |",
+                  "| --- | ---: | ---: | ---: | ---: | ---: |"]
     ratios = []
     for row, _ in MATRIX:
+        if (row, "etcd") not in results and (row, "cairn") not in results:
+            continue  # not selected by --rows
         e, c = summarize(results, row, "etcd"), summarize(results, row, "cairn")
         if e and c:
             ratio = c["ops"] / e["ops"]
             ratios.append((row, ratio))
             lines.append(f"| {row} | {e['ops']:.0f} | {c['ops']:.0f} | {ratio:.2f} | {e['p99']:.0f} | {c['p99']:.0f} |")
         else:
-            why = "not implemented in cairn yet" if e else "failed"
-            lines.append(f"| {row} | {e['ops']:.0f} | n/a | n/a | {e['p99']:.0f} | {why} |" if e else f"| {row} | n/a | n/a | n/a | n/a | {why} |")
-    lines += tool_section(crosscheck, rounds)
+            why = lambda s: next(filter(None, map(streams.failure, results.get((row, s), []))), "no result")
+            ops = lambda x, s: f"{x['ops']:.0f}" if x else f"n/a ({why(s)})"
+            p99 = lambda x: f"{x['p99']:.0f}" if x else "n/a"
+            lines.append(f"| {row} | {ops(e, 'etcd')} | {ops(c, 'cairn')} | n/a | {p99(e)} | {p99(c)} |")
+    lines += tool_section(crosscheck, rounds) if crosscheck or not prefixes else []
+    stream_lines, stream_ratios = streams.section(results, rounds)
+    lines += stream_lines
+    ratios += stream_ratios
     lines += ["", "Resources (medians):", "", "| | start to healthy ms | idle RSS MiB | RSS after the matrix MiB | binary MB |",
               "| --- | ---: | ---: | ---: | ---: |"]
     for system, binary in [("etcd", etcd), ("cairn", CAIRN)]:
@@ -331,12 +355,13 @@ def write_report(a, results, resources, crosscheck, fs_before, fs_after, etcd, e
         size = os.path.getsize(binary) / 1e6
         lines.append(f"| {system} | {median([x['start_ms'] for x in rs]):.0f} | {median([x['idle_rss_kib'] for x in rs]) / 1024:.1f} | "
                      f"{median([x['loaded_rss_kib'] for x in rs]) / 1024:.1f} | {size:.1f} |")
-    lines += ["", f"![cairn/etcd throughput ratios]({day}.png)", ""]
+    lines += ["", f"![cairn/etcd throughput ratios]({stem}.png)", ""] if ratios else [""]
     with open(md_path, "w") as f:
         f.write("\n".join(lines))
-    chart(ratios, png_path, day)
+    if ratios:
+        chart(ratios, png_path, day)
     print("\n".join(lines))
-    print(f"\nwrote {md_path} and {png_path}", file=sys.stderr)
+    print(f"\nwrote {md_path}" + (f" and {png_path}" if ratios else ""), file=sys.stderr)
 
 
 def tool_section(crosscheck, rounds):
