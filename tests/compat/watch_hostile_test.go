@@ -1,6 +1,7 @@
 package compat
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"strconv"
@@ -76,4 +77,21 @@ func TestWatchHostileStreams(t *testing.T) {
 		}
 	}
 	must(c.Put(x, "after", "ok"))
+}
+
+// etcd clients put every call and watch on one connection: 300 watch streams open on it must
+// not hold up another stream or a plain put (hyper's default allowed 200 streams).
+func TestManyStreamsOnOneConnection(t *testing.T) {
+	s := startServer(t, "")
+	c := s.client()
+	x := ctx(t)
+	for i := 0; i < 300; i++ {
+		r := openRaw(t, c, true)
+		r.created(&pb.WatchCreateRequest{Key: []byte(fmt.Sprintf("s/%03d", i))})
+	}
+	short, cancel := context.WithTimeout(x, 5*time.Second)
+	defer cancel()
+	if _, err := c.Put(short, "s/000", "v"); err != nil {
+		t.Fatalf("a put with 300 watch streams open on its connection: %v", err)
+	}
 }

@@ -31,6 +31,8 @@ pub struct ServeConfig {
     pub advertise_peer_urls: Vec<String>,
     /// etcd's `--watch-progress-notify-interval` (default 10 minutes).
     pub watch_progress_interval: std::time::Duration,
+    /// etcd's `--max-concurrent-streams`: HTTP/2 streams per client connection.
+    pub max_concurrent_streams: u32,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -100,7 +102,13 @@ pub async fn serve(
             .await
             .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
         eprintln!("cairn: serving the etcd v3 API on http://{addr}");
-        servers.push(tokio::spawn(listen::serve(listener, router.clone(), stop_rx.clone())));
+        let max_streams = cfg.max_concurrent_streams;
+        servers.push(tokio::spawn(listen::serve(
+            listener,
+            router.clone(),
+            stop_rx.clone(),
+            max_streams,
+        )));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
     // the reason, so a supervisor restarts it and the WAL replays.

@@ -28,11 +28,22 @@ use tower::ServiceExt;
 const CONNECTION_WINDOW: u32 = 16 << 20;
 
 /// Serves `router` on `listener` until `stop` turns true, then lets open connections finish.
-pub(crate) async fn serve(listener: TcpListener, router: Router, stop: watch::Receiver<bool>) {
+/// `max_streams` bounds the concurrent streams of one connection (etcd's
+/// `--max-concurrent-streams`): etcd clients put every call and watch on one connection, and
+/// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    router: Router,
+    stop: watch::Receiver<bool>,
+    max_streams: u32,
+) {
     let stopping = crate::watch::stopped(stop);
     tokio::pin!(stopping);
     let mut builder = Builder::new(TokioExecutor::new());
-    builder.http2().initial_connection_window_size(CONNECTION_WINDOW);
+    builder
+        .http2()
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_concurrent_streams(max_streams);
     let graceful = GracefulShutdown::new();
     loop {
         let (tcp, _) = tokio::select! {

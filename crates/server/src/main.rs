@@ -90,6 +90,10 @@ struct ServeArgs {
     #[arg(long, default_value = "10m", value_parser = cairn::parse_duration,
         alias = "experimental-watch-progress-notify-interval")]
     watch_progress_notify_interval: std::time::Duration,
+    /// Concurrent HTTP/2 streams (calls and watches) one client connection may have open
+    /// (etcd's default: 2^32 - 1; etcd clients put everything on one connection).
+    #[arg(long, default_value_t = u32::MAX)]
+    max_concurrent_streams: u32,
     /// Expired leases revoked per second at most (etcd fixes 1,000), so a storm of expiries
     /// never starves writes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
@@ -147,6 +151,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         listen_client_urls: a.listen_client_urls,
         advertise_peer_urls: a.initial_advertise_peer_urls,
         watch_progress_interval: a.watch_progress_notify_interval,
+        max_concurrent_streams: a.max_concurrent_streams,
     })
 }
 

@@ -24,6 +24,7 @@ async fn server(tag: &str) -> (KvClient<Channel>, tokio::sync::oneshot::Sender<(
         listen_client_urls: vec![url.clone()],
         advertise_peer_urls: vec![],
         watch_progress_interval: Duration::from_secs(600),
+        max_concurrent_streams: u32::MAX,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

@@ -98,6 +98,9 @@ pub struct WatchGroup {
     next_id: i64,
     progress_requested: bool,
     out: VecDeque<WatchReply>,
+    /// Watchers that asked for periodic progress notices (asked on every turn of a stream's
+    /// loop, so counted rather than scanned).
+    with_progress: usize,
 }
 
 impl WatchGroup {
@@ -116,6 +119,7 @@ impl WatchGroup {
                     spec.start_revision
                 };
                 let range = spec.range();
+                self.with_progress += usize::from(spec.progress_notify);
                 let w = Watcher { spec, range, next, sent_since_tick: false };
                 self.watchers.insert(id, w);
                 self.out.push_back(WatchReply {
@@ -167,8 +171,14 @@ impl WatchGroup {
     }
 
     /// Removes a watcher and acknowledges it; an unknown id is ignored, as etcd does.
+    fn remove(&mut self, id: i64) -> bool {
+        let Some(w) = self.watchers.remove(&id) else { return false };
+        self.with_progress -= usize::from(w.spec.progress_notify);
+        true
+    }
+
     pub fn cancel(&mut self, id: i64, head: Revision) {
-        if self.watchers.remove(&id).is_some() || self.compacted.remove(&id) {
+        if self.remove(id) || self.compacted.remove(&id) {
             self.out.push_back(WatchReply {
                 watch_id: id,
                 revision: head,
@@ -231,7 +241,7 @@ impl WatchGroup {
         let gone: Vec<i64> =
             self.watchers.iter().filter(|(_, w)| w.next < compacted).map(|(id, _)| *id).collect();
         for id in gone {
-            self.watchers.remove(&id);
+            self.remove(id);
             self.compacted.insert(id);
             self.out.push_back(WatchReply {
                 watch_id: id,
@@ -285,7 +295,7 @@ impl WatchGroup {
 
     /// Whether any watcher asked for periodic progress notices.
     pub fn wants_progress_ticks(&self) -> bool {
-        self.watchers.values().any(|w| w.spec.progress_notify)
+        self.with_progress > 0
     }
 
     /// The next reply to send.
