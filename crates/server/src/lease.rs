@@ -51,7 +51,7 @@ impl Ctx {
     /// One keepalive: here if this member leads, else forwarded to the leader.
     async fn keep_alive_once(&self, id: i64) -> Result<pb::LeaseKeepAliveResponse, Status> {
         // etcd's header carries the revision read before the renewal.
-        let revision = self.engine.status().revision;
+        let revision = self.engine.revision();
         match self.engine.lease_keep_alive(LeaseId(id)).await {
             Ok(ttl) => {
                 Ok(pb::LeaseKeepAliveResponse { header: self.header().at(revision), id, ttl })
@@ -167,7 +167,7 @@ impl pb::lease_server::Lease for Ctx {
         self.check_leader(&req)?;
         let leases =
             self.engine.leases().into_iter().map(|l| pb::LeaseStatus { id: l.id.0 }).collect();
-        let revision = self.engine.status().revision;
+        let revision = self.engine.revision();
         Ok(Response::new(pb::LeaseLeasesResponse { header: self.header().at(revision), leases }))
     }
 }

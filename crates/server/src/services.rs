@@ -117,7 +117,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         match pb::alarm_request::AlarmAction::try_from(req.into_inner().action) {
             // cairn raises no alarms (no space quota yet), so the list is empty.
             Ok(pb::alarm_request::AlarmAction::Get) => {
-                let rev = self.engine.status().revision;
+                let rev = self.engine.revision();
                 Ok(Response::new(pb::AlarmResponse {
                     header: self.header().at(rev),
                     alarms: vec![],
@@ -168,7 +168,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
     ) -> Result<Response<pb::HashKvResponse>, Status> {
         let rev = cairn_kv::Revision(req.into_inner().revision);
         let h = self.engine.hash_kv(rev).map_err(status)?;
-        let current = self.engine.status().revision;
+        let current = self.engine.revision();
         Ok(Response::new(pb::HashKvResponse {
             header: self.header().at(current),
             hash: h.hash,
@@ -191,7 +191,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         req: Request<pb::MoveLeaderRequest>,
     ) -> Result<Response<pb::MoveLeaderResponse>, Status> {
         self.engine.move_leader(req.into_inner().target_id).await.map_err(status)?;
-        let rev = self.engine.status().revision;
+        let rev = self.engine.revision();
         Ok(Response::new(pb::MoveLeaderResponse { header: self.header().at(rev) }))
     }
 
@@ -247,7 +247,7 @@ impl pb::cluster_server::Cluster for Ctx {
                     .collect()
             }
         };
-        let rev = self.engine.status().revision;
+        let rev = self.engine.revision();
         Ok(Response::new(pb::MemberListResponse { header: self.header().at(rev), members }))
     }
 

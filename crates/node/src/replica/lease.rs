@@ -48,8 +48,12 @@ pub(super) struct Lessor {
     ready_at: u64,
     /// When each scheduled lease expires, in ticks.
     expiry: HashMap<LeaseId, u64>,
-    /// The same, by time; entries that no longer match `expiry` are stale and skipped.
+    /// Leases by the time they are next looked at: at most one entry per lease, at or before
+    /// its expiry (a keepalive only moves `expiry` later; the entry, once due, is put back at
+    /// the new expiry), so keepalives never grow the queue.
     queue: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// The time of each lease's entry in `queue`.
+    queued: HashMap<LeaseId, u64>,
     /// Leases from this id on are not scheduled yet; they expire at the tick given plus their
     /// remaining TTL.
     promoting: Option<(LeaseId, u64)>,
@@ -70,6 +74,7 @@ impl Lessor {
             ready_at: 0,
             expiry: HashMap::new(),
             queue: BinaryHeap::new(),
+            queued: HashMap::new(),
             promoting: None,
             checkpoints: BinaryHeap::new(),
             revoke_budget: usize::try_from(per_tick).unwrap_or(usize::MAX),
@@ -91,7 +96,11 @@ impl Lessor {
 
     fn schedule(&mut self, id: LeaseId, at: u64) {
         self.expiry.insert(id, at);
-        self.queue.push(Reverse((at, id)));
+        // An entry at or before `at` will find the new expiry when it comes due.
+        if self.queued.get(&id).is_none_or(|q| *q > at) {
+            self.queued.insert(id, at);
+            self.queue.push(Reverse((at, id)));
+        }
     }
 
     /// When a lease expires: scheduled, or (while promoting) when it will be.
@@ -141,6 +150,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Applied here: a lease is gone.
     pub(super) fn lessor_revoked(&mut self, id: LeaseId) {
         self.lessor.expiry.remove(&id);
+        // Its queue entry, if any, is dropped when it comes due.
     }
 
     fn schedule_checkpoint(&mut self, lease: &Lease) {
@@ -232,8 +242,20 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 break;
             }
             self.lessor.queue.pop();
-            if self.lessor.expiry.get(&id) != Some(&at) || self.store.lease(id).is_none() {
-                continue; // renewed, revoked, or never here
+            if self.lessor.queued.get(&id) != Some(&at) {
+                continue; // superseded by an earlier entry for the same lease
+            }
+            self.lessor.queued.remove(&id);
+            let Some(&expires) = self.lessor.expiry.get(&id) else { continue };
+            if self.store.lease(id).is_none() {
+                self.lessor.expiry.remove(&id);
+                continue; // revoked
+            }
+            if expires > now {
+                // Renewed since it was queued: look again at the new expiry.
+                self.lessor.queued.insert(id, expires);
+                self.lessor.queue.push(Reverse((expires, id)));
+                continue;
             }
             // Looked at again later, in case the proposal is lost; applying it unschedules it.
             self.lessor.schedule(id, now + REVOKE_RETRY_TICKS);
