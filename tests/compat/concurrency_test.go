@@ -39,26 +39,6 @@ func concSession(t *testing.T, c *clientv3.Client, opts ...concurrency.SessionOp
 	return sess
 }
 
-// concErrs keeps the first error that goroutines report.
-type concErrs struct {
-	mu  sync.Mutex
-	err error
-}
-
-func (e *concErrs) set(err error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.err == nil {
-		e.err = err
-	}
-}
-
-func (e *concErrs) get() error {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.err
-}
-
 func TestConcurrencyMutex(t *testing.T) {
 	defer leaseFailOnPanic(t)
 	t.Parallel()
@@ -73,7 +53,7 @@ func TestConcurrencyMutex(t *testing.T) {
 		clients[i] = concClient(t, s)
 	}
 	var holders atomic.Int32
-	var errs concErrs
+	var errs firstErr
 	var wg sync.WaitGroup
 	for w := 0; w < workers; w++ {
 		wg.Add(1)
@@ -309,7 +289,7 @@ func TestConcurrencySTMTransfers(t *testing.T) {
 				must(c.Put(x, acct(i), strconv.Itoa(initial)))
 			}
 			var applies, commits atomic.Int64
-			var errs concErrs
+			var errs firstErr
 			var wg sync.WaitGroup
 			for w := 0; w < workers; w++ {
 				wg.Add(1)

@@ -44,6 +44,12 @@ pub fn no_leader() -> Status {
     Status::new(Code::Unavailable, "etcdserver: no leader")
 }
 
+/// etcd's `ErrGRPCStopped`, which ends long-lived streams when the server stops: clients take
+/// it as a cue to resume elsewhere or later.
+pub fn server_stopped() -> Status {
+    status(EngineError::Stopped(cairn_node::StopCause::Shutdown))
+}
+
 /// A call cairn does not serve yet, named so an operator knows which.
 pub fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("cairn does not implement {what} yet"))

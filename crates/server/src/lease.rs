@@ -112,16 +112,16 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<Streaming<pb::LeaseKeepAliveRequest>>,
     ) -> Result<Response<Self::LeaseKeepAliveStream>, Status> {
         self.check_leader(&req)?;
-        let mut requests = crate::watch::read_ahead(req.into_inner());
+        let mut requests = crate::streams::read_ahead(req.into_inner());
         let (tx, rx) = mpsc::channel(4);
         let ctx = self.clone();
         tokio::spawn(async move {
-            let stopping = crate::watch::stopped(ctx.stopping.clone());
+            let stopping = crate::streams::stopped(ctx.stopping.clone());
             tokio::pin!(stopping);
             loop {
                 let next = tokio::select! {
                     () = &mut stopping => {
-                        let _ = tx.send(Err(Status::unavailable("etcdserver: server stopped"))).await;
+                        let _ = tx.send(Err(crate::errors::server_stopped())).await;
                         return;
                     }
                     next = requests.recv() => next,

@@ -11,6 +11,7 @@ mod lease;
 mod listen;
 mod range_stream;
 pub mod services;
+mod streams;
 mod watch;
 
 pub use watch::parse_duration;

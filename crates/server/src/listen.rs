@@ -37,7 +37,7 @@ pub(crate) async fn serve(
     stop: watch::Receiver<bool>,
     max_streams: u32,
 ) {
-    let stopping = crate::watch::stopped(stop);
+    let stopping = crate::streams::stopped(stop);
     tokio::pin!(stopping);
     let mut builder = Builder::new(TokioExecutor::new());
     builder

@@ -85,16 +85,7 @@ async fn send_chunks(
     let limit = if req.limit > 0 { req.limit } else { i64::MAX };
     let (mut key, mut size, mut sent) = (req.key.clone(), FIRST_CHUNK, 0i64);
     loop {
-        let r = RangeRequest {
-            key: key.clone(),
-            range_end: req.range_end.clone(),
-            limit: size,
-            revision: pinned,
-            serializable: true,
-            keys_only: req.keys_only,
-            ..RangeRequest::default()
-        };
-        let resp = read(r).await.map_err(status)?;
+        let resp = read(page(&req, &key, size, pinned, req.keys_only)).await.map_err(status)?;
         let bytes: usize = resp.kvs.iter().map(|kv| kv.key.len() + kv.value.len()).sum();
         if let Some(last) = resp.kvs.last() {
             key = next_key(&last.key);
@@ -120,6 +111,26 @@ async fn send_chunks(
     }
 }
 
+/// A plain read of up to `limit` keys of `req`'s range from `key` on, at `pinned`: no sort, no
+/// filters (the stream applies them to what it reads), no barrier (taken once, at the start).
+fn page(
+    req: &RangeRequest,
+    key: &Bytes,
+    limit: i64,
+    pinned: kv::Revision,
+    keys_only: bool,
+) -> RangeRequest {
+    RangeRequest {
+        key: key.clone(),
+        range_end: req.range_end.clone(),
+        limit,
+        revision: pinned,
+        serializable: true,
+        keys_only,
+        ..RangeRequest::default()
+    }
+}
+
 /// The smallest key after `key`.
 fn next_key(key: &Bytes) -> Bytes {
     let mut next = key.to_vec();
@@ -136,15 +147,7 @@ async fn matches_beyond(
 ) -> Result<bool, Status> {
     let mut key = from.clone();
     loop {
-        let r = RangeRequest {
-            key: key.clone(),
-            range_end: req.range_end.clone(),
-            limit: MAX_CHUNK,
-            revision: pinned,
-            serializable: true,
-            keys_only: true,
-            ..RangeRequest::default()
-        };
+        let r = page(req, &key, MAX_CHUNK, pinned, true);
         let resp = ctx.engine.range(r).await.map_err(status)?;
         if resp.kvs.iter().any(|kv| range::passes_filters(req, kv)) {
             return Ok(true);

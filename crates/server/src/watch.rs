@@ -54,7 +54,7 @@ async fn serve(
     requests: Streaming<wpb::WatchRequest>,
     tx: mpsc::Sender<Result<wpb::WatchResponse, Status>>,
 ) {
-    let mut requests = read_ahead(requests);
+    let mut requests = crate::streams::read_ahead(requests);
     // A zero interval turns the notices off (tokio's interval refuses zero).
     let period = Some(ctx.watch_progress_interval)
         .filter(|d| !d.is_zero())
@@ -62,7 +62,7 @@ async fn serve(
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
-    let stopping = stopped(ctx.stopping.clone());
+    let stopping = crate::streams::stopped(ctx.stopping.clone());
     tokio::pin!(stopping);
     loop {
         tokio::select! {
@@ -71,7 +71,7 @@ async fn serve(
             // a client that never leaves; with etcd's ErrStopped (Unavailable), which clients
             // take as a cue to resume elsewhere or later, as they do when etcd goes away.
             () = &mut stopping => {
-                let stopped = Err(Status::unavailable("etcdserver: server stopped"));
+                let stopped = Err(crate::errors::server_stopped());
                 let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(stopped)).await;
                 return;
             }
@@ -101,40 +101,6 @@ async fn serve(
             _ = ticker.tick(), if ws.wants_progress_ticks() => ws.progress_tick(),
         }
     }
-}
-
-/// Requests a stream may read ahead of handling them.
-const READ_AHEAD: usize = 16 * 1024;
-
-/// Reads a client's requests as they arrive, into a queue of up to `READ_AHEAD`, ending with
-/// the error that ended the stream if one did. Reading promptly matters: hyper's HTTP/2 closes
-/// the whole connection (GOAWAY, ENHANCE_YOUR_CALM) once the small DATA frames it holds unread
-/// exceed half its window (about 2,200 one-message frames), which a client creating thousands
-/// of watches at once, or keeping thousands of leases alive on one stream, would reach while
-/// the stream is busy answering.
-pub(crate) fn read_ahead<T: Send + 'static>(
-    mut requests: Streaming<T>,
-) -> mpsc::Receiver<Result<T, Status>> {
-    let (tx, rx) = mpsc::channel(READ_AHEAD);
-    tokio::spawn(async move {
-        loop {
-            let next = match requests.message().await {
-                Ok(Some(req)) => Ok(req),
-                Ok(None) => return,
-                Err(e) => Err(e),
-            };
-            let failed = next.is_err();
-            if tx.send(next).await.is_err() || failed {
-                return;
-            }
-        }
-    });
-    rx
-}
-
-/// Resolves once the server is stopping.
-pub(crate) async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
-    let _ = stopping.wait_for(|s| *s).await;
 }
 
 fn handle(ws: &mut WatchStream, req: wpb::WatchRequest) {

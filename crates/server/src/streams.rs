@@ -1,0 +1,39 @@
+//! What every long-lived stream of the server needs (Watch, LeaseKeepAlive) and the listener
+//! too: reading a client's requests promptly, and noticing that the server is stopping.
+
+use tokio::sync::mpsc;
+use tonic::{Status, Streaming};
+
+/// Requests a stream may read ahead of handling them.
+const READ_AHEAD: usize = 16 * 1024;
+
+/// Reads a client's requests as they arrive, into a queue of up to `READ_AHEAD`, ending with
+/// the error that ended the stream if one did. Reading promptly matters: hyper's HTTP/2 closes
+/// the whole connection (GOAWAY, ENHANCE_YOUR_CALM) once the small DATA frames it holds unread
+/// exceed half its connection window (`listen.rs` sizes it), which a client creating
+/// thousands of watches at once, or keeping thousands of leases alive on one stream, would
+/// reach while the stream is busy answering.
+pub(crate) fn read_ahead<T: Send + 'static>(
+    mut requests: Streaming<T>,
+) -> mpsc::Receiver<Result<T, Status>> {
+    let (tx, rx) = mpsc::channel(READ_AHEAD);
+    tokio::spawn(async move {
+        loop {
+            let next = match requests.message().await {
+                Ok(Some(req)) => Ok(req),
+                Ok(None) => return,
+                Err(e) => Err(e),
+            };
+            let failed = next.is_err();
+            if tx.send(next).await.is_err() || failed {
+                return;
+            }
+        }
+    });
+    rx
+}
+
+/// Resolves once the server is stopping.
+pub(crate) async fn stopped(mut stopping: tokio::sync::watch::Receiver<bool>) {
+    let _ = stopping.wait_for(|s| *s).await;
+}
