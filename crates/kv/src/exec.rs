@@ -182,6 +182,21 @@ impl<V: BackendView> Exec<'_, V> {
         self.reader().kv(key, e, with_value)
     }
 
+    /// The prev_kv of a delete event: the key's state at the revision before, as etcd reads it
+    /// for watchers, which differs from `in_txn` (the state the delete saw) only when an
+    /// earlier nested transaction of the same request put the key.
+    fn event_prev(
+        &self,
+        w: &Writer,
+        key: &Bytes,
+        in_txn: &KeyValue,
+    ) -> Result<Option<KeyValue>, KvError> {
+        if !w.wrote() || in_txn.mod_revision != w.rev {
+            return Ok(Some(in_txn.clone()));
+        }
+        self.index.get(key, self.current).map(|e| self.kv(key, e, true)).transpose()
+    }
+
     fn write(&mut self, id: RevisionId, key: Bytes, record: Record) {
         let entry = IndexEntry {
             rev: id,
@@ -272,7 +287,8 @@ impl<V: BackendView> Exec<'_, V> {
             let id = w.next_id();
             self.leases.detach(e.lease, key);
             let kv = KeyValue { key: key.clone(), mod_revision: id.main, ..KeyValue::default() };
-            self.events.push(Arc::new(Event::new(EventKind::Delete, owned(kv), Some(owned(prev)))));
+            let event_prev = self.event_prev(w, key, &prev)?.map(owned);
+            self.events.push(Arc::new(Event::new(EventKind::Delete, owned(kv), event_prev)));
             let record = Record {
                 key: key.clone(),
                 value: Bytes::new(),

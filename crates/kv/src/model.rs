@@ -146,9 +146,11 @@ impl Model {
         Ok(RangeResponse { revision: current, kvs, more, count })
     }
 
-    /// Every change from revision `from` on, by revision, each revision's changes in key order:
-    /// `(revision, key, the key's state after (None: deleted), its state just before)`. What a
-    /// watcher from `from` must receive; refused below the compaction point, as watches are.
+    /// Every change from revision `from` on, by revision, each revision's changes in key order
+    /// (a key changed twice in one revision, in the order it changed): `(revision, key, the
+    /// key's state after (None: deleted), its state before the revision)`. What a watcher from
+    /// `from` must receive (etcd reads an event's prev_kv at the revision before); refused below
+    /// the compaction point, as watches are.
     #[allow(clippy::type_complexity)]
     pub fn changes_from(
         &self,
@@ -163,7 +165,8 @@ impl Model {
                 if *rev < from {
                     continue;
                 }
-                let before = i.checked_sub(1).and_then(|j| changes[j].1.clone());
+                let before = changes[..i].iter().rev().find(|(r, _)| r < rev);
+                let before = before.and_then(|(_, kv)| kv.clone());
                 out.push((*rev, key.clone(), state.clone(), before));
             }
         }
@@ -284,12 +287,10 @@ impl Model {
             Some(kv) => tx.state.insert(key.clone(), kv.clone()),
             None => tx.state.remove(&key),
         };
-        let changes = self.history.entry(key).or_default();
-        // Two changes of one key in one revision: the later wins (validation forbids it anyway).
-        if changes.last().is_some_and(|(r, _)| *r == tx.rev) {
-            changes.pop();
-        }
-        changes.push((tx.rev, kv));
+        // A key may change twice in one revision: a put in one nested transaction and a delete
+        // in a later one pass etcd's duplicate-key check, and a watcher receives both events.
+        // Reads take the later state.
+        self.history.entry(key).or_default().push((tx.rev, kv));
     }
 
     fn holds(before: &BTreeMap<Bytes, KeyValue>, c: &Compare) -> bool {

@@ -13,9 +13,7 @@ const READ_AHEAD: usize = 16 * 1024;
 /// exceed half its connection window (`listen.rs` sizes it), which a client creating
 /// thousands of watches at once, or keeping thousands of leases alive on one stream, would
 /// reach while the stream is busy answering.
-pub(crate) fn read_ahead<T: Send + 'static>(
-    mut requests: Streaming<T>,
-) -> mpsc::Receiver<Result<T, Status>> {
+pub(crate) fn read_ahead<T: Send + 'static>(mut requests: Streaming<T>) -> ReadAhead<T> {
     let (tx, rx) = mpsc::channel(READ_AHEAD);
     tokio::spawn(async move {
         loop {
@@ -25,12 +23,24 @@ pub(crate) fn read_ahead<T: Send + 'static>(
                 Err(e) => Err(e),
             };
             let failed = next.is_err();
-            if tx.send(next).await.is_err() || failed {
+            if tx.send(Box::new(next)).await.is_err() || failed {
                 return;
             }
         }
     });
-    rx
+    ReadAhead(rx)
+}
+
+/// The requests [`read_ahead`] has read. Boxed in the queue: the channel allocates its slots
+/// in blocks of 32, and 32 unboxed requests-or-statuses are kilobytes that every open stream
+/// (thousands of idle watch streams) would hold.
+pub(crate) struct ReadAhead<T>(mpsc::Receiver<Box<Result<T, Status>>>);
+
+impl<T> ReadAhead<T> {
+    /// The next request, or `None` once the client's side has ended.
+    pub(crate) async fn recv(&mut self) -> Option<Result<T, Status>> {
+        self.0.recv().await.map(|b| *b)
+    }
 }
 
 /// Resolves once the server is stopping.

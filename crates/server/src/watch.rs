@@ -19,7 +19,7 @@ use cairn_proto::wire::etcdserverpb as wpb;
 use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tokio_stream::Stream;
+use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::kv_pb;
@@ -42,18 +42,23 @@ impl wpb::watch_server::Watch for Ctx {
         self.check_leader(&req)?;
         let stream = self.engine.watch_stream().map_err(status)?;
         let (tx, rx) = mpsc::channel(SEND_AHEAD);
-        tokio::spawn(serve(self.clone(), stream, req.into_inner(), tx));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+        tokio::spawn(serve(self.clone(), stream, req.into_inner(), Replies(tx)));
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|r| *r))))
+    }
+}
+
+/// The replies of one stream on their way to the client. Boxed in the queue, as requests are
+/// (`streams::ReadAhead`): every idle stream holds its channel's first block of slots.
+struct Replies(mpsc::Sender<Box<Result<wpb::WatchResponse, Status>>>);
+
+impl Replies {
+    async fn send(&self, r: Result<wpb::WatchResponse, Status>) -> Result<(), ()> {
+        self.0.send(Box::new(r)).await.map_err(drop)
     }
 }
 
 /// Runs one client's stream until either side ends it.
-async fn serve(
-    ctx: Ctx,
-    mut ws: WatchStream,
-    requests: Streaming<wpb::WatchRequest>,
-    tx: mpsc::Sender<Result<wpb::WatchResponse, Status>>,
-) {
+async fn serve(ctx: Ctx, mut ws: WatchStream, requests: Streaming<wpb::WatchRequest>, tx: Replies) {
     let mut requests = crate::streams::read_ahead(requests);
     // A zero interval turns the notices off (tokio's interval refuses zero).
     let period = Some(ctx.watch_progress_interval)

@@ -21,9 +21,10 @@
 //!   event not yet sent, and spares the client its retries); with no watchers, not at all, as
 //!   etcd.
 
-use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::collections::{BTreeSet, VecDeque};
 use std::sync::Arc;
 
+use super::watchers::{Flags, Watchers};
 use super::{Event, EventRun, WatchSpec};
 use crate::range::KeyRange;
 use crate::types::Revision;
@@ -77,20 +78,10 @@ pub struct WatchReply {
     pub fragment: bool,
 }
 
-#[derive(Debug)]
-struct Watcher {
-    spec: WatchSpec,
-    range: KeyRange,
-    /// The next revision this watcher must receive.
-    next: Revision,
-    /// Whether it was sent events since the last progress tick (etcd then skips its notice).
-    sent_since_tick: bool,
-}
-
 /// The watchers of one stream and the replies they have produced.
 #[derive(Debug, Default)]
 pub struct WatchGroup {
-    watchers: BTreeMap<i64, Watcher>,
+    watchers: Watchers,
     /// Watchers canceled by compaction: as in etcd, their ids stay taken until the client
     /// cancels them, which is acknowledged.
     compacted: BTreeSet<i64>,
@@ -118,10 +109,8 @@ impl WatchGroup {
                 } else {
                     spec.start_revision
                 };
-                let range = spec.range();
                 self.with_progress += usize::from(spec.progress_notify);
-                let w = Watcher { spec, range, next, sent_since_tick: false };
-                self.watchers.insert(id, w);
+                self.watchers.insert(id, &spec, next);
                 self.out.push_back(WatchReply {
                     watch_id: id,
                     revision: head,
@@ -156,7 +145,7 @@ impl WatchGroup {
         if self.watchers.len() + self.compacted.len() >= MAX_WATCHERS {
             return Err(CreateError::TooManyWatchers);
         }
-        let taken = |id: &i64| self.watchers.contains_key(id) || self.compacted.contains(id);
+        let taken = |id: &i64| self.watchers.contains(*id) || self.compacted.contains(id);
         if spec.watch_id != 0 {
             if taken(&spec.watch_id) {
                 return Err(CreateError::DuplicateId);
@@ -172,8 +161,8 @@ impl WatchGroup {
 
     /// Removes a watcher and acknowledges it; an unknown id is ignored, as etcd does.
     fn remove(&mut self, id: i64) -> bool {
-        let Some(w) = self.watchers.remove(&id) else { return false };
-        self.with_progress -= usize::from(w.spec.progress_notify);
+        let Some(w) = self.watchers.remove(id) else { return false };
+        self.with_progress -= usize::from(w.flags.has(Flags::PROGRESS));
         true
     }
 
@@ -191,44 +180,33 @@ impl WatchGroup {
     /// A client's progress request; answered by [`WatchGroup::settle`] once every watcher is
     /// synced. A stream with no watchers gets no answer (etcd sends none).
     pub fn request_progress(&mut self) {
-        if !self.watchers.is_empty() {
+        if self.watchers.len() > 0 {
             self.progress_requested = true;
         }
     }
 
     /// The lowest revision some watcher still needs, at or after `from`, up to `head`.
     pub fn wanted(&self, from: Revision, head: Revision) -> Option<Revision> {
-        self.watchers.values().map(|w| w.next).filter(|n| *n >= from && *n <= head).min()
+        if from > head {
+            return None;
+        }
+        self.watchers.lowest_next(from..=head)
     }
 
     /// Hands over a run of consecutive revisions. Every watcher whose next revision lies in the
     /// run receives its events from there to the end of the run, in one reply; watchers outside
     /// it are untouched.
     pub fn deliver(&mut self, run: &EventRun) {
-        let (first, last) = (run.first, run.last);
-        for (id, w) in &mut self.watchers {
-            if w.next < first || w.next > last {
-                continue;
-            }
-            let events: Vec<Arc<Event>> = run
-                .revisions
-                .iter()
-                .filter(|r| r.revision >= w.next)
-                .flat_map(|r| r.events.iter())
-                .filter(|e| w.spec.wants(&w.range, e))
-                .cloned()
-                .collect();
-            w.next = last.next();
-            if events.is_empty() {
-                continue;
-            }
-            w.sent_since_tick = true;
+        let last = run.last;
+        for (slot, events) in self.watchers.deliver(run.first, last, &run.revisions) {
+            let w = self.watchers.get_mut(slot);
+            w.flags.set(Flags::SENT, true);
             self.out.push_back(WatchReply {
-                watch_id: *id,
+                watch_id: w.id,
                 revision: last,
                 events,
-                prev_kv: w.spec.prev_kv,
-                fragment: w.spec.fragment,
+                prev_kv: w.flags.has(Flags::PREV_KV),
+                fragment: w.flags.has(Flags::FRAGMENT),
                 ..WatchReply::default()
             });
         }
@@ -238,9 +216,7 @@ impl WatchGroup {
     /// `compact_revision`, as etcd cancels them (its reply carries header revision 0 and no
     /// reason; clients read `compact_revision`).
     pub fn compacted(&mut self, compacted: Revision) {
-        let gone: Vec<i64> =
-            self.watchers.iter().filter(|(_, w)| w.next < compacted).map(|(id, _)| *id).collect();
-        for id in gone {
+        for id in self.watchers.below(compacted) {
             self.remove(id);
             self.compacted.insert(id);
             self.out.push_back(WatchReply {
@@ -252,23 +228,19 @@ impl WatchGroup {
         }
     }
 
-    fn synced(w: &Watcher, head: Revision) -> bool {
-        // A watcher waiting for a future start revision is not synced (etcd since #20221): a
-        // progress notice below its start would let a resuming client ask for events it never
-        // wanted.
-        w.next == head.next()
-    }
-
     /// Answers a pending progress request if every watcher is synced at `head`.
     pub fn settle(&mut self, head: Revision) {
         if !self.progress_requested {
             return;
         }
-        if self.watchers.is_empty() {
+        if self.watchers.len() == 0 {
             self.progress_requested = false;
             return;
         }
-        if self.watchers.values().all(|w| Self::synced(w, head)) {
+        // Synced: at the head's successor. A watcher waiting for a future start revision is not
+        // (etcd since #20221): a progress notice below its start would let a resuming client
+        // ask for events it never wanted.
+        if self.watchers.all_at(head.next()) {
             self.progress_requested = false;
             self.out.push_back(WatchReply {
                 watch_id: INVALID_WATCH_ID,
@@ -281,15 +253,16 @@ impl WatchGroup {
     /// The periodic progress notice: each synced watcher that asked for notices and was sent no
     /// events since the last tick gets an empty reply at `head`.
     pub fn progress_tick(&mut self, head: Revision) {
-        for (id, w) in &mut self.watchers {
-            if w.spec.progress_notify && !w.sent_since_tick && Self::synced(w, head) {
+        for (w, next) in self.watchers.iter_mut() {
+            let f = w.flags;
+            if f.has(Flags::PROGRESS) && !f.has(Flags::SENT) && next == head.next() {
                 self.out.push_back(WatchReply {
-                    watch_id: *id,
+                    watch_id: w.id,
                     revision: head,
                     ..WatchReply::default()
                 });
             }
-            w.sent_since_tick = false;
+            w.flags.set(Flags::SENT, false);
         }
     }
 
@@ -312,6 +285,6 @@ impl WatchGroup {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.watchers.is_empty()
+        self.watchers.len() == 0
     }
 }

@@ -1,0 +1,342 @@
+//! The watchers of one stream, stored for memory and for matching events, not for scanning.
+//!
+//! Two costs decide how many watchers a member can hold: the bytes each idle watcher takes, and
+//! the work each new revision causes. So a watcher is packed into 40 bytes plus one allocation
+//! for its key and range end; the id and key indexes hold only slot numbers (4 bytes each, in
+//! `hashbrown` tables hashed from the slot's watcher); and the watchers that are level with one
+//! another (the *cohort*, usually every synced watcher) share one next revision instead of
+//! each keeping its own, so a revision is matched to the watchers its keys name (a hash lookup
+//! per event, plus the range watchers) instead of visiting every watcher. Watchers that are not
+//! level with the cohort (they started in the past, or wait for a future start) are kept in an
+//! ordered set by next revision: they are found by the revision a read covers, and join the
+//! cohort as soon as they reach it.
+
+use std::collections::BTreeSet;
+use std::hash::{BuildHasher, RandomState};
+use std::ops::RangeInclusive;
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+
+use super::{Event, EventKind, WatchSpec};
+use crate::types::Revision;
+
+/// A watcher's options, one bit each.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Flags(u8);
+
+impl Flags {
+    pub const PREV_KV: u8 = 1;
+    pub const NO_PUT: u8 = 1 << 1;
+    pub const NO_DELETE: u8 = 1 << 2;
+    pub const PROGRESS: u8 = 1 << 3;
+    pub const FRAGMENT: u8 = 1 << 4;
+    /// Sent events since the last progress tick (etcd then skips its notice).
+    pub const SENT: u8 = 1 << 5;
+    /// Level with the cohort: its next revision is the cohort's, not its own field.
+    const COHORT: u8 = 1 << 6;
+
+    pub fn has(self, bit: u8) -> bool {
+        self.0 & bit != 0
+    }
+
+    pub fn set(&mut self, bit: u8, on: bool) {
+        if on {
+            self.0 |= bit;
+        } else {
+            self.0 &= !bit;
+        }
+    }
+}
+
+/// One watcher, packed: `keys` holds the key (`"\0"` for an empty one, as etcd reads it) and
+/// then the range end as the client sent it.
+#[derive(Debug)]
+pub(super) struct Watcher {
+    pub id: i64,
+    /// The next revision it must receive, unless it is in the cohort.
+    next: Revision,
+    keys: Box<[u8]>,
+    key_len: u32,
+    pub flags: Flags,
+}
+
+impl Watcher {
+    fn key(&self) -> &[u8] {
+        &self.keys[..self.key_len as usize]
+    }
+
+    fn range_end(&self) -> &[u8] {
+        &self.keys[self.key_len as usize..]
+    }
+
+    /// Watches exactly one key (etcd: an empty range end).
+    fn single(&self) -> bool {
+        self.range_end().is_empty()
+    }
+
+    /// Whether `e` is for this watcher: its range (etcd's rules: a range end of `"\0"` means
+    /// every key from the key on) and its filters.
+    pub fn wants(&self, e: &Event) -> bool {
+        let filtered = match e.kind {
+            EventKind::Put => self.flags.has(Flags::NO_PUT),
+            EventKind::Delete => self.flags.has(Flags::NO_DELETE),
+        };
+        let k = e.kv.key.as_ref();
+        let within = match self.range_end() {
+            [] => k == self.key(),
+            [0] => k >= self.key(),
+            end => k >= self.key() && k < end,
+        };
+        !filtered && within
+    }
+}
+
+/// The watchers of one stream.
+#[derive(Debug, Default)]
+pub(super) struct Watchers {
+    slots: Vec<Watcher>,
+    /// Slot numbers, hashed by their watcher's id.
+    by_id: HashTable<u32>,
+    /// Slot numbers of single-key watchers, hashed by their key.
+    by_key: HashTable<u32>,
+    /// Slot numbers of range watchers, hashed by their watcher's id.
+    ranges: HashTable<u32>,
+    hasher: RandomState,
+    /// The next revision of every watcher in the cohort.
+    cohort_next: Revision,
+    cohort_len: usize,
+    /// Watchers outside the cohort, by (next revision, id).
+    apart: BTreeSet<(Revision, i64)>,
+}
+
+impl Watchers {
+    fn hash_id(&self, id: i64) -> u64 {
+        self.hasher.hash_one(id)
+    }
+
+    fn hash_key(&self, key: &[u8]) -> u64 {
+        self.hasher.hash_one(key)
+    }
+
+    pub fn len(&self) -> usize {
+        self.slots.len()
+    }
+
+    pub fn contains(&self, id: i64) -> bool {
+        self.slot(id).is_some()
+    }
+
+    fn slot(&self, id: i64) -> Option<u32> {
+        let slots = &self.slots;
+        self.by_id.find(self.hash_id(id), |&s| slots[s as usize].id == id).copied()
+    }
+
+    /// Adds a watcher (its id is free) whose next revision is `next`.
+    pub fn insert(&mut self, id: i64, spec: &WatchSpec, next: Revision) {
+        let key: &[u8] = if spec.key.is_empty() { b"\0" } else { &spec.key };
+        let mut keys = Vec::with_capacity(key.len() + spec.range_end.len());
+        keys.extend_from_slice(key);
+        keys.extend_from_slice(&spec.range_end);
+        let mut flags = Flags::default();
+        flags.set(Flags::PREV_KV, spec.prev_kv);
+        flags.set(Flags::NO_PUT, spec.no_put);
+        flags.set(Flags::NO_DELETE, spec.no_delete);
+        flags.set(Flags::PROGRESS, spec.progress_notify);
+        flags.set(Flags::FRAGMENT, spec.fragment);
+        let key_len = u32::try_from(key.len()).expect("keys are bounded by the request limit");
+        let w = Watcher { id, next, keys: keys.into_boxed_slice(), key_len, flags };
+        let slot = u32::try_from(self.slots.len()).expect("watchers per stream are bounded");
+        let (hid, hkey) = (self.hash_id(id), self.hash_key(w.key()));
+        let single = w.single();
+        self.slots.push(w);
+        let slots = &self.slots;
+        self.by_id.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
+        if single {
+            self.by_key.insert_unique(hkey, slot, |&s| Self::key_hash(&self.hasher, slots, s));
+        } else {
+            self.ranges.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
+        }
+        self.place(slot, next);
+    }
+
+    fn id_hash(h: &RandomState, slots: &[Watcher], s: u32) -> u64 {
+        h.hash_one(slots[s as usize].id)
+    }
+
+    fn key_hash(h: &RandomState, slots: &[Watcher], s: u32) -> u64 {
+        h.hash_one(slots[s as usize].key())
+    }
+
+    /// Puts a watcher whose next revision is `next` in the cohort if it is level with it (or
+    /// founds the cohort if there is none), else apart.
+    fn place(&mut self, slot: u32, next: Revision) {
+        if self.cohort_len == 0 {
+            self.cohort_next = next;
+        }
+        let w = &mut self.slots[slot as usize];
+        if next == self.cohort_next {
+            w.flags.set(Flags::COHORT, true);
+            self.cohort_len += 1;
+        } else {
+            w.next = next;
+            w.flags.set(Flags::COHORT, false);
+            self.apart.insert((next, w.id));
+        }
+    }
+
+    /// Removes a watcher; returns it.
+    pub fn remove(&mut self, id: i64) -> Option<Watcher> {
+        let slot = self.slot(id)?;
+        self.unindex(slot);
+        let w = &self.slots[slot as usize];
+        if w.flags.has(Flags::COHORT) {
+            self.cohort_len -= 1;
+        } else {
+            self.apart.remove(&(w.next, w.id));
+        }
+        let last = u32::try_from(self.slots.len() - 1).expect("bounded");
+        if slot != last {
+            // The last watcher moves into the freed slot: its index entries follow it.
+            self.repoint(last, slot);
+        }
+        Some(self.slots.swap_remove(slot as usize))
+    }
+
+    fn unindex(&mut self, slot: u32) {
+        let w = &self.slots[slot as usize];
+        let hid = self.hash_id(w.id);
+        let found = |t: &mut HashTable<u32>, h: u64| {
+            if let Ok(e) = t.find_entry(h, |&s| s == slot) {
+                e.remove();
+            }
+        };
+        found(&mut self.by_id, hid);
+        if w.single() {
+            let hkey = self.hash_key(w.key());
+            found(&mut self.by_key, hkey);
+        } else {
+            found(&mut self.ranges, hid);
+        }
+    }
+
+    fn repoint(&mut self, from: u32, to: u32) {
+        let w = &self.slots[from as usize];
+        let hid = self.hash_id(w.id);
+        let fix = |t: &mut HashTable<u32>, h: u64| {
+            if let Some(s) = t.find_mut(h, |&s| s == from) {
+                *s = to;
+            }
+        };
+        fix(&mut self.by_id, hid);
+        if w.single() {
+            let hkey = self.hash_key(w.key());
+            fix(&mut self.by_key, hkey);
+        } else {
+            fix(&mut self.ranges, hid);
+        }
+    }
+
+    /// The lowest next revision within `within`.
+    pub fn lowest_next(&self, within: RangeInclusive<Revision>) -> Option<Revision> {
+        let cohort = Some(self.cohort_next).filter(|n| self.cohort_len > 0 && within.contains(n));
+        let (lo, hi) = within.into_inner();
+        let apart = self.apart.range((lo, i64::MIN)..=(hi, i64::MAX)).next().map(|(n, _)| *n);
+        match (cohort, apart) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Whether every watcher's next revision is `next`.
+    pub fn all_at(&self, next: Revision) -> bool {
+        let cohort = self.cohort_len == 0 || self.cohort_next == next;
+        let apart = self.apart.first().is_none_or(|(n, _)| *n == next)
+            && self.apart.last().is_none_or(|(n, _)| *n == next);
+        cohort && apart
+    }
+
+    /// The ids of the watchers whose next revision is below `rev`.
+    pub fn below(&self, rev: Revision) -> Vec<i64> {
+        let mut ids: Vec<i64> = self.apart.range(..(rev, i64::MIN)).map(|(_, id)| *id).collect();
+        if self.cohort_len > 0 && self.cohort_next < rev {
+            ids.extend(self.slots.iter().filter(|w| w.flags.has(Flags::COHORT)).map(|w| w.id));
+        }
+        ids
+    }
+
+    /// Matches the revisions of `revs` (consecutive, `first..=last`) to the watchers whose next
+    /// revision lies in them, and moves those watchers past `last`. Returns, for each watcher
+    /// that got events, its slot and its events in order; watchers are in id order.
+    pub fn deliver(
+        &mut self,
+        first: Revision,
+        last: Revision,
+        revs: &[Arc<super::RevisionEvents>],
+    ) -> Vec<(u32, Vec<Arc<Event>>)> {
+        let mut hits: Vec<(u32, &Arc<Event>)> = Vec::new();
+        // Watchers apart, each from its own next revision.
+        let apart: Vec<(Revision, i64)> =
+            self.apart.range((first, i64::MIN)..=(last, i64::MAX)).copied().collect();
+        for &(next, id) in &apart {
+            self.apart.remove(&(next, id));
+            let slot = self.slot(id).expect("indexed");
+            let w = &self.slots[slot as usize];
+            let events = revs.iter().filter(|r| r.revision >= next).flat_map(|r| &r.events);
+            hits.extend(events.filter(|e| w.wants(e)).map(|e| (slot, e)));
+        }
+        if self.cohort_len > 0 && (first..=last).contains(&self.cohort_next) {
+            let from = self.cohort_next;
+            for e in revs.iter().filter(|r| r.revision >= from).flat_map(|r| &r.events) {
+                self.match_cohort(e, &mut hits);
+            }
+            self.cohort_next = last.next();
+        }
+        let moved: Vec<u32> =
+            apart.iter().map(|&(_, id)| self.slot(id).expect("indexed")).collect();
+        for slot in moved {
+            self.place(slot, last.next());
+        }
+        let slots = &self.slots;
+        // Stable: each watcher's events stay in revision order.
+        hits.sort_by_key(|&(s, _)| slots[s as usize].id);
+        let mut out: Vec<(u32, Vec<Arc<Event>>)> = Vec::new();
+        for (slot, e) in hits {
+            match out.last_mut() {
+                Some((s, events)) if *s == slot => events.push(e.clone()),
+                _ => out.push((slot, vec![e.clone()])),
+            }
+        }
+        out
+    }
+
+    /// Cohort watchers that want `e`: those on its key, and the range watchers that hold it.
+    fn match_cohort<'e>(&self, e: &'e Arc<Event>, hits: &mut Vec<(u32, &'e Arc<Event>)>) {
+        let key = e.kv.key.as_ref();
+        let in_cohort = |w: &Watcher| w.flags.has(Flags::COHORT) && w.wants(e);
+        for &s in self.by_key.iter_hash(self.hash_key(key)) {
+            let w = &self.slots[s as usize];
+            if w.key() == key && in_cohort(w) {
+                hits.push((s, e));
+            }
+        }
+        for &s in &self.ranges {
+            if in_cohort(&self.slots[s as usize]) {
+                hits.push((s, e));
+            }
+        }
+    }
+
+    pub fn get_mut(&mut self, slot: u32) -> &mut Watcher {
+        &mut self.slots[slot as usize]
+    }
+
+    /// Every watcher, with its next revision.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&mut Watcher, Revision)> {
+        let (cohort_next, slots) = (self.cohort_next, &mut self.slots);
+        slots.iter_mut().map(move |w| {
+            let next = if w.flags.has(Flags::COHORT) { cohort_next } else { w.next };
+            (w, next)
+        })
+    }
+}
