@@ -40,7 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build_server(true)
         .out_dir(&out)
         .bytes(".etcdserverpb.WatchResponse.events")
-        .codec_path("crate::codec::Codec")
+        .codec_path("crate::codec::StreamCodec")
         .compile_fds(wire)?;
     Ok(())
 }

@@ -55,8 +55,9 @@ fn shares(n: usize, streams: usize) -> Vec<usize> {
     (0..s).map(|i| n / s + usize::from(i < n % s)).filter(|k| *k > 0).collect()
 }
 
-/// Opens one watch stream on connection `channel % conns` with the given watchers; returns it
-/// once the server confirmed every one, with the time each confirmation took.
+/// Opens one watch stream on connection `channel % conns` with the given watchers, created one
+/// at a time as etcd's clientv3 creates them (it sends the next create once the last is
+/// confirmed); returns it once the server confirmed every one, with the time each took.
 async fn open_stream(
     conn: &Grpc,
     channel: usize,
@@ -64,10 +65,11 @@ async fn open_stream(
     timeout: Duration,
 ) -> Result<(Requests, Responses, Vec<Duration>), String> {
     let n = creates.len();
-    let (tx, rx) = mpsc::channel(n + 2);
-    let began = Instant::now();
+    let (tx, rx) = mpsc::channel(4);
+    let mut creates = creates.into_iter();
+    let mut began = Instant::now();
     // Queued before the call: a server may send its response headers only after a request.
-    for c in creates {
+    if let Some(c) = creates.next() {
         tx.try_send(create(c)).map_err(|e| e.to_string())?;
     }
     let mut w = pb::watch_client::WatchClient::new(conn.channel(channel));
@@ -79,7 +81,13 @@ async fn open_stream(
             Ok(Some(Ok(r))) if r.canceled => {
                 return Err(format!("watch not created: {}", r.cancel_reason));
             }
-            Ok(Some(Ok(r))) if r.created => took.push(began.elapsed()),
+            Ok(Some(Ok(r))) if r.created => {
+                took.push(began.elapsed());
+                if let Some(c) = creates.next() {
+                    began = Instant::now();
+                    tx.send(create(c)).await.map_err(|e| e.to_string())?;
+                }
+            }
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(s))) => return Err(status_err(s)),
             Ok(None) => return Err("watch stream closed".into()),
@@ -242,8 +250,8 @@ fn latency_tally(puts: Vec<Put>, arrivals: Vec<Option<Instant>>) -> (Tally, Extr
 }
 
 /// Idle watchers: `watchers` watchers, each on a key of its own that nothing writes, over
-/// `streams` streams. One request is one watcher created (its latency: from sending its
-/// stream's creates to its confirmation). After `hold_secs` every stream must still answer a
+/// `streams` streams. One request is one watcher created (its latency: from sending its create
+/// to its confirmation). After `hold_secs` every stream must still answer a
 /// progress request; with `--server-pid` the server's RSS growth per watcher is reported,
 /// from before the first watcher (connections open) to the end of the hold.
 pub async fn idle(

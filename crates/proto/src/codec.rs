@@ -15,24 +15,30 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// Starting size of a call's encode and decode buffer.
 const BUFFER_BYTES: usize = 1024;
+/// Starting size for the long-lived Watch streams: each holds its two buffers for as long as it
+/// is open, idle or not, and a member may hold thousands of streams; a reply larger than this
+/// grows the buffer as it would grow any other.
+const STREAM_BUFFER_BYTES: usize = 256;
 /// tonic's default: how much a streaming call encodes before it yields to the runtime.
 const YIELD_THRESHOLD: usize = 32 * 1024;
 
-/// A [`tonic::codec::Codec`] for prost messages with small starting buffers.
+/// A [`tonic::codec::Codec`] for prost messages whose buffers start at `BYTES`.
 #[derive(Debug)]
-pub struct Codec<T, U>(PhantomData<(T, U)>);
+pub struct SizedCodec<T, U, const BYTES: usize>(PhantomData<(T, U)>);
 
-impl<T, U> Default for Codec<T, U> {
+/// The codec of every service but Watch.
+pub type Codec<T, U> = SizedCodec<T, U, BUFFER_BYTES>;
+
+/// The codec of the Watch service's streams.
+pub type StreamCodec<T, U> = SizedCodec<T, U, STREAM_BUFFER_BYTES>;
+
+impl<T, U, const BYTES: usize> Default for SizedCodec<T, U, BYTES> {
     fn default() -> Self {
-        Codec(PhantomData)
+        SizedCodec(PhantomData)
     }
 }
 
-fn settings() -> BufferSettings {
-    BufferSettings::new(BUFFER_BYTES, YIELD_THRESHOLD)
-}
-
-impl<T, U> tonic::codec::Codec for Codec<T, U>
+impl<T, U, const BYTES: usize> tonic::codec::Codec for SizedCodec<T, U, BYTES>
 where
     T: Message + Send + 'static,
     U: Message + Default + Send + 'static,
@@ -43,10 +49,10 @@ where
     type Decoder = ProstDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
-        ProstCodec::<T, U>::raw_encoder(settings())
+        ProstCodec::<T, U>::raw_encoder(BufferSettings::new(BYTES, YIELD_THRESHOLD))
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(settings())
+        ProstCodec::<T, U>::raw_decoder(BufferSettings::new(BYTES, YIELD_THRESHOLD))
     }
 }

@@ -32,9 +32,12 @@ use crate::types::Revision;
 /// etcd's `clientv3.InvalidWatchID`: progress for the whole stream, or a refused create.
 pub const INVALID_WATCH_ID: i64 = -1;
 
-/// Watchers one stream may hold: each costs a few hundred bytes, so a client cannot grow a
+/// Watchers one stream may hold: each costs about a hundred bytes, so a client cannot grow a
 /// member's memory without bound through one stream.
 pub const MAX_WATCHERS: usize = 100_000;
+/// Bytes of keys and range ends the watchers of one stream may hold, for the same reason: keys
+/// may be as large as a request.
+pub const MAX_KEY_BYTES: usize = 64 << 20;
 
 /// Why a create was refused, with etcd's reason text.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,7 +48,7 @@ pub enum CreateError {
     EmptyRange,
     /// The client chose an id already in use on this stream.
     DuplicateId,
-    /// The stream holds [`MAX_WATCHERS`].
+    /// The stream holds [`MAX_WATCHERS`], or [`MAX_KEY_BYTES`] of keys.
     TooManyWatchers,
 }
 
@@ -142,7 +145,8 @@ impl WatchGroup {
                 return Err(CreateError::EmptyRange);
             }
         }
-        if self.watchers.len() + self.compacted.len() >= MAX_WATCHERS {
+        let key_bytes = self.watchers.key_bytes() + spec.key.len() + spec.range_end.len();
+        if self.watchers.len() + self.compacted.len() >= MAX_WATCHERS || key_bytes > MAX_KEY_BYTES {
             return Err(CreateError::TooManyWatchers);
         }
         let taken = |id: &i64| self.watchers.contains(*id) || self.compacted.contains(id);

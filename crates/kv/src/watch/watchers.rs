@@ -1,9 +1,9 @@
 //! The watchers of one stream, stored for memory and for matching events, not for scanning.
 //!
 //! Two costs decide how many watchers a member can hold: the bytes each idle watcher takes, and
-//! the work each new revision causes. So a watcher is packed into 40 bytes plus one allocation
-//! for its key and range end; the id and key indexes hold only slot numbers (4 bytes each, in
-//! `hashbrown` tables hashed from the slot's watcher); and the watchers that are level with one
+//! the work each new revision causes. So a watcher is packed into 32 bytes, with its key and
+//! range end in one buffer the stream's watchers share; the id and key indexes hold only slot
+//! numbers (4 bytes each, in `hashbrown` tables hashed from the slot's watcher); and the watchers that are level with one
 //! another (the *cohort*, usually every synced watcher) share one next revision instead of
 //! each keeping its own, so a revision is matched to the watchers its keys name (a hash lookup
 //! per event, plus the range watchers) instead of visiting every watcher. Watchers that are not
@@ -49,46 +49,71 @@ impl Flags {
     }
 }
 
-/// One watcher, packed: `keys` holds the key (`"\0"` for an empty one, as etcd reads it) and
-/// then the range end as the client sent it.
+/// One watcher, packed into 32 bytes: its key (`"\0"` for an empty one, as etcd reads it) and
+/// then its range end, as the client sent it, are in the stream's [`Keys`].
 #[derive(Debug)]
 pub(super) struct Watcher {
     pub id: i64,
     /// The next revision it must receive, unless it is in the cohort.
     next: Revision,
-    keys: Box<[u8]>,
+    at: u32,
     key_len: u32,
+    end_len: u32,
     pub flags: Flags,
 }
 
 impl Watcher {
-    fn key(&self) -> &[u8] {
-        &self.keys[..self.key_len as usize]
+    fn key<'k>(&self, keys: &'k Keys) -> &'k [u8] {
+        let at = self.at as usize;
+        &keys.bytes[at..at + self.key_len as usize]
     }
 
-    fn range_end(&self) -> &[u8] {
-        &self.keys[self.key_len as usize..]
+    fn range_end<'k>(&self, keys: &'k Keys) -> &'k [u8] {
+        let at = self.at as usize + self.key_len as usize;
+        &keys.bytes[at..at + self.end_len as usize]
     }
 
     /// Watches exactly one key (etcd: an empty range end).
     fn single(&self) -> bool {
-        self.range_end().is_empty()
+        self.end_len == 0
     }
 
     /// Whether `e` is for this watcher: its range (etcd's rules: a range end of `"\0"` means
     /// every key from the key on) and its filters.
-    pub fn wants(&self, e: &Event) -> bool {
+    fn wants(&self, keys: &Keys, e: &Event) -> bool {
         let filtered = match e.kind {
             EventKind::Put => self.flags.has(Flags::NO_PUT),
             EventKind::Delete => self.flags.has(Flags::NO_DELETE),
         };
-        let k = e.kv.key.as_ref();
-        let within = match self.range_end() {
-            [] => k == self.key(),
-            [0] => k >= self.key(),
-            end => k >= self.key() && k < end,
+        let (k, key) = (e.kv.key.as_ref(), self.key(keys));
+        let within = match self.range_end(keys) {
+            [] => k == key,
+            [0] => k >= key,
+            end => k >= key && k < end,
         };
         !filtered && within
+    }
+}
+
+/// The keys and range ends of a stream's watchers, back to back in one buffer: a key of tens
+/// of bytes in an allocation of its own would cost as much again in pointer and allocator
+/// overhead. A removed watcher leaves a hole; the buffer is rewritten once holes are most of it.
+#[derive(Debug, Default)]
+struct Keys {
+    bytes: Vec<u8>,
+    dead: usize,
+}
+
+impl Keys {
+    /// Appends `parts`; returns where they start.
+    fn push(&mut self, parts: &[&[u8]]) -> u32 {
+        let at = u32::try_from(self.bytes.len()).expect("key bytes per stream are bounded");
+        parts.iter().for_each(|p| self.bytes.extend_from_slice(p));
+        at
+    }
+
+    fn live(&self) -> usize {
+        self.bytes.len() - self.dead
     }
 }
 
@@ -96,6 +121,7 @@ impl Watcher {
 #[derive(Debug, Default)]
 pub(super) struct Watchers {
     slots: Vec<Watcher>,
+    keys: Keys,
     /// Slot numbers, hashed by their watcher's id.
     by_id: HashTable<u32>,
     /// Slot numbers of single-key watchers, hashed by their key.
@@ -135,25 +161,26 @@ impl Watchers {
     /// Adds a watcher (its id is free) whose next revision is `next`.
     pub fn insert(&mut self, id: i64, spec: &WatchSpec, next: Revision) {
         let key: &[u8] = if spec.key.is_empty() { b"\0" } else { &spec.key };
-        let mut keys = Vec::with_capacity(key.len() + spec.range_end.len());
-        keys.extend_from_slice(key);
-        keys.extend_from_slice(&spec.range_end);
+        let at = self.keys.push(&[key, &spec.range_end]);
         let mut flags = Flags::default();
         flags.set(Flags::PREV_KV, spec.prev_kv);
         flags.set(Flags::NO_PUT, spec.no_put);
         flags.set(Flags::NO_DELETE, spec.no_delete);
         flags.set(Flags::PROGRESS, spec.progress_notify);
         flags.set(Flags::FRAGMENT, spec.fragment);
-        let key_len = u32::try_from(key.len()).expect("keys are bounded by the request limit");
-        let w = Watcher { id, next, keys: keys.into_boxed_slice(), key_len, flags };
+        let len = |b: &[u8]| u32::try_from(b.len()).expect("keys are bounded by the request limit");
+        let (key_len, end_len) = (len(key), len(&spec.range_end));
+        let w = Watcher { id, next, at, key_len, end_len, flags };
         let slot = u32::try_from(self.slots.len()).expect("watchers per stream are bounded");
-        let (hid, hkey) = (self.hash_id(id), self.hash_key(w.key()));
+        let (hid, hkey) = (self.hash_id(id), self.hash_key(key));
         let single = w.single();
         self.slots.push(w);
         let slots = &self.slots;
         self.by_id.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
         if single {
-            self.by_key.insert_unique(hkey, slot, |&s| Self::key_hash(&self.hasher, slots, s));
+            let keys = &self.keys;
+            let rehash = |&s: &u32| self.hasher.hash_one(slots[s as usize].key(keys));
+            self.by_key.insert_unique(hkey, slot, rehash);
         } else {
             self.ranges.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
         }
@@ -162,10 +189,6 @@ impl Watchers {
 
     fn id_hash(h: &RandomState, slots: &[Watcher], s: u32) -> u64 {
         h.hash_one(slots[s as usize].id)
-    }
-
-    fn key_hash(h: &RandomState, slots: &[Watcher], s: u32) -> u64 {
-        h.hash_one(slots[s as usize].key())
     }
 
     /// Puts a watcher whose next revision is `next` in the cohort if it is level with it (or
@@ -200,7 +223,32 @@ impl Watchers {
             // The last watcher moves into the freed slot: its index entries follow it.
             self.repoint(last, slot);
         }
-        Some(self.slots.swap_remove(slot as usize))
+        let w = self.slots.swap_remove(slot as usize);
+        self.keys.dead += (w.key_len + w.end_len) as usize;
+        if self.keys.dead > self.keys.live().max(4096) {
+            self.rewrite_keys();
+        }
+        Some(w)
+    }
+
+    /// Rewrites the key buffer without its holes, and gives back what the slots no longer use.
+    fn rewrite_keys(&mut self) {
+        let mut bytes = Vec::with_capacity(self.keys.live());
+        for w in &mut self.slots {
+            let (at, len) = (w.at as usize, (w.key_len + w.end_len) as usize);
+            let moved = u32::try_from(bytes.len()).expect("key bytes per stream are bounded");
+            bytes.extend_from_slice(&self.keys.bytes[at..at + len]);
+            w.at = moved;
+        }
+        self.keys = Keys { bytes, dead: 0 };
+        if self.slots.len() < self.slots.capacity() / 4 {
+            self.slots.shrink_to(self.slots.len() * 2);
+        }
+    }
+
+    /// Bytes of keys and range ends the watchers hold.
+    pub fn key_bytes(&self) -> usize {
+        self.keys.live()
     }
 
     fn unindex(&mut self, slot: u32) {
@@ -213,7 +261,7 @@ impl Watchers {
         };
         found(&mut self.by_id, hid);
         if w.single() {
-            let hkey = self.hash_key(w.key());
+            let hkey = self.hash_key(w.key(&self.keys));
             found(&mut self.by_key, hkey);
         } else {
             found(&mut self.ranges, hid);
@@ -230,7 +278,7 @@ impl Watchers {
         };
         fix(&mut self.by_id, hid);
         if w.single() {
-            let hkey = self.hash_key(w.key());
+            let hkey = self.hash_key(w.key(&self.keys));
             fix(&mut self.by_key, hkey);
         } else {
             fix(&mut self.ranges, hid);
@@ -283,7 +331,7 @@ impl Watchers {
             let slot = self.slot(id).expect("indexed");
             let w = &self.slots[slot as usize];
             let events = revs.iter().filter(|r| r.revision >= next).flat_map(|r| &r.events);
-            hits.extend(events.filter(|e| w.wants(e)).map(|e| (slot, e)));
+            hits.extend(events.filter(|e| w.wants(&self.keys, e)).map(|e| (slot, e)));
         }
         if self.cohort_len > 0 && (first..=last).contains(&self.cohort_next) {
             let from = self.cohort_next;
@@ -313,10 +361,10 @@ impl Watchers {
     /// Cohort watchers that want `e`: those on its key, and the range watchers that hold it.
     fn match_cohort<'e>(&self, e: &'e Arc<Event>, hits: &mut Vec<(u32, &'e Arc<Event>)>) {
         let key = e.kv.key.as_ref();
-        let in_cohort = |w: &Watcher| w.flags.has(Flags::COHORT) && w.wants(e);
+        let in_cohort = |w: &Watcher| w.flags.has(Flags::COHORT) && w.wants(&self.keys, e);
         for &s in self.by_key.iter_hash(self.hash_key(key)) {
             let w = &self.slots[s as usize];
-            if w.key() == key && in_cohort(w) {
+            if w.key(&self.keys) == key && in_cohort(w) {
                 hits.push((s, e));
             }
         }
@@ -338,5 +386,86 @@ impl Watchers {
             let next = if w.flags.has(Flags::COHORT) { cohort_next } else { w.next };
             (w, next)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::super::group::{CreateError, WatchGroup, MAX_KEY_BYTES};
+    use super::super::{Event, EventRun, RevisionEvents};
+    use super::*;
+    use crate::types::KeyValue;
+
+    fn put(key: &[u8], rev: i64) -> Arc<Event> {
+        let kv = KeyValue {
+            key: Bytes::copy_from_slice(key),
+            mod_revision: Revision(rev),
+            version: 1,
+            ..KeyValue::default()
+        };
+        Arc::new(Event::new(EventKind::Put, kv, None))
+    }
+
+    fn on(key: &str, range_end: &[u8]) -> WatchSpec {
+        WatchSpec {
+            key: Bytes::from(key.to_string()),
+            range_end: Bytes::copy_from_slice(range_end),
+            ..WatchSpec::default()
+        }
+    }
+
+    /// After many cancels (holes rewritten out of the key buffer, slots moved and repointed),
+    /// every remaining watcher still gets exactly the events on its keys, through the key
+    /// index, and canceled ones get nothing.
+    #[test]
+    fn watchers_match_their_keys_after_cancels_move_them() {
+        let mut g = WatchGroup::new();
+        let head = Revision(1);
+        let ids: Vec<i64> = (0..2000)
+            .map(|i| g.create(on(&format!("k{i:04}"), b""), head).expect("created"))
+            .collect();
+        let prefix = g.create(on("k1", b"k2"), head).expect("created");
+        let everything = g.create(on("", b"\0"), head).expect("created");
+        while g.pop().is_some() {}
+        for id in ids.iter().filter(|id| *id % 3 != 0) {
+            g.cancel(*id, head);
+        }
+        while g.pop().is_some() {}
+        let events: Vec<Arc<Event>> =
+            (0..2000).map(|i| put(format!("k{i:04}").as_bytes(), 2)).collect();
+        let rev = Arc::new(RevisionEvents { revision: Revision(2), events });
+        g.deliver(&EventRun { first: Revision(2), last: Revision(2), revisions: vec![rev] });
+        let mut got = std::collections::BTreeMap::new();
+        while let Some(r) = g.pop() {
+            let keys: Vec<Bytes> = r.events.iter().map(|e| e.kv.key.clone()).collect();
+            assert!(got.insert(r.watch_id, keys).is_none(), "one reply per watcher");
+        }
+        assert_eq!(got.remove(&everything).map(|k| k.len()), Some(2000));
+        assert_eq!(got.remove(&prefix).map(|k| k.len()), Some(1000));
+        let kept: Vec<i64> = ids.iter().copied().filter(|id| id % 3 == 0).collect();
+        assert_eq!(got.keys().copied().collect::<Vec<_>>(), kept);
+        for (id, keys) in got {
+            assert_eq!(keys, vec![Bytes::from(format!("k{id:04}"))]);
+        }
+        assert_eq!(g.wanted(Revision(0), Revision(2)), None, "every watcher moved past 2");
+    }
+
+    /// Keys are as large as requests: a stream's watchers hold a bounded number of key bytes.
+    #[test]
+    fn key_bytes_per_stream_are_bounded() {
+        let mut g = WatchGroup::new();
+        let big = "k".repeat(1 << 20);
+        let mut made = 0;
+        let refused = loop {
+            match g.create(on(&big, b""), Revision(1)) {
+                Ok(_) => made += 1,
+                Err(e) => break e,
+            }
+            assert!(made <= MAX_KEY_BYTES >> 20, "no bound");
+        };
+        assert_eq!(refused, CreateError::TooManyWatchers);
+        assert_eq!(made, MAX_KEY_BYTES >> 20);
     }
 }
