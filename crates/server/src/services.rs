@@ -29,10 +29,15 @@ pub struct Ctx {
     pub leader_channels: crate::lease::LeaderChannels,
 }
 
+/// The response header of this member now.
+pub(crate) fn header(engine: &Engine) -> Header {
+    let s = engine.identity();
+    Header { cluster_id: s.0, member_id: s.1, raft_term: engine.raft_term() }
+}
+
 impl Ctx {
     pub(crate) fn header(&self) -> Header {
-        let s = self.engine.identity();
-        Header { cluster_id: s.0, member_id: s.1, raft_term: self.engine.raft_term() }
+        header(&self.engine)
     }
 
     /// Honours the `hasleader` metadata etcd clients send (`WithRequireLeader`).

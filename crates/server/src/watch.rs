@@ -6,14 +6,16 @@
 //! reads again. Events are encoded once and the bytes shared by every watcher that sends them
 //! (the `wire` Watch service declares events as bytes; same wire format).
 
+use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_kv::watch::group::WatchReply;
 use cairn_kv::watch::{Event, EventKind, WatchSpec};
 use cairn_kv::Revision;
-use cairn_node::WatchStream;
+use cairn_node::{Engine, WatchStream};
 use cairn_proto::mvccpb;
 use cairn_proto::wire::etcdserverpb as wpb;
 use prost::Message;
@@ -28,8 +30,11 @@ use crate::services::Ctx;
 
 /// Replies encoded ahead of the client: the rest waits in the engine as history, not here.
 const SEND_AHEAD: usize = 4;
+/// Requests a stream reads ahead of handling them (see `read_requests`).
+const READ_AHEAD: usize = 16 * 1024;
 
 type WatchResponses = Pin<Box<dyn Stream<Item = Result<wpb::WatchResponse, Status>> + Send>>;
+type Reply = Box<Result<wpb::WatchResponse, Status>>;
 
 #[tonic::async_trait]
 impl wpb::watch_server::Watch for Ctx {
@@ -40,71 +45,144 @@ impl wpb::watch_server::Watch for Ctx {
         req: Request<Streaming<wpb::WatchRequest>>,
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.check_leader(&req)?;
-        let stream = self.engine.watch_stream().map_err(status)?;
-        let (tx, rx) = mpsc::channel(SEND_AHEAD);
-        tokio::spawn(serve(self.clone(), stream, req.into_inner(), Replies(tx)));
+        let ws = self.engine.watch_stream().map_err(status)?;
+        // Boxed in the queue: every open stream holds its channel's first block of slots.
+        let (tx, rx) = mpsc::channel::<Reply>(SEND_AHEAD);
+        let stream = Box::new(Served {
+            engine: self.engine.clone(),
+            ws,
+            requests: req.into_inner(),
+            read: VecDeque::new(),
+            ended: None,
+            outbox: Vec::new(),
+            tx,
+        });
+        let stopping = self.stopping.clone();
+        tokio::spawn(stream.serve(self.watch_progress_interval, stopping));
         Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|r| *r))))
     }
 }
 
-/// The replies of one stream on their way to the client. Boxed in the queue, as requests are
-/// (`streams::ReadAhead`): every idle stream holds its channel's first block of slots.
-struct Replies(mpsc::Sender<Box<Result<wpb::WatchResponse, Status>>>);
+/// One client's stream, served by one task. Everything here is per open stream, and a member
+/// may hold thousands of idle ones, so it is kept to what serving needs: the queues are empty
+/// (unallocated) while the stream is idle.
+struct Served {
+    engine: Arc<Engine>,
+    ws: WatchStream,
+    requests: Streaming<wpb::WatchRequest>,
+    /// Requests read but not yet handled.
+    read: VecDeque<wpb::WatchRequest>,
+    /// How the client's side ended, once it has: handled after the requests before it.
+    ended: Option<Result<(), Status>>,
+    /// Responses encoded and waiting for room in the channel, last first.
+    outbox: Vec<wpb::WatchResponse>,
+    tx: mpsc::Sender<Reply>,
+}
 
-impl Replies {
-    async fn send(&self, r: Result<wpb::WatchResponse, Status>) -> Result<(), ()> {
-        self.0.send(Box::new(r)).await.map_err(drop)
+impl Served {
+    /// Runs the stream until either side ends it.
+    ///
+    /// Requests are read whenever they arrive, even while the client is not taking replies:
+    /// hyper's HTTP/2 closes the whole connection (GOAWAY, ENHANCE_YOUR_CALM) once the small
+    /// DATA frames it holds unread exceed half its connection window (`listen.rs` sizes it),
+    /// which a client creating thousands of watches at once would reach. They are handled
+    /// only while no replies wait, so a client that never reads holds at most `READ_AHEAD`
+    /// requests and a few replies.
+    async fn serve(
+        mut self: Box<Self>,
+        interval: Duration,
+        stopping: tokio::sync::watch::Receiver<bool>,
+    ) {
+        // Progress notices need a timer only once a watcher asks for them; a zero interval
+        // turns them off.
+        let mut ticker: Option<tokio::time::Interval> = None;
+        let stopping = crate::streams::stopped(stopping);
+        tokio::pin!(stopping);
+        loop {
+            if let Err(end) = self.handle_read() {
+                if let Some(e) = end {
+                    let _ = self.tx.send(Box::new(Err(e))).await;
+                }
+                return;
+            }
+            if ticker.is_none() && !interval.is_zero() && self.ws.wants_progress_ticks() {
+                ticker = Some(progress_ticker(interval).await);
+            }
+            let has_outbox = !self.outbox.is_empty();
+            let reading = self.ended.is_none() && self.read.len() < READ_AHEAD;
+            tokio::select! {
+                biased;
+                // The server is stopping: end the stream so the graceful shutdown need not
+                // wait for a client that never leaves; with etcd's ErrStopped (Unavailable),
+                // which clients take as a cue to resume elsewhere or later, as they do when
+                // etcd goes away.
+                () = &mut stopping => {
+                    let stopped = Box::new(Err(crate::errors::server_stopped()));
+                    let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(stopped)).await;
+                    return;
+                }
+                msg = self.requests.message(), if reading => match msg {
+                    Ok(Some(req)) => self.read.push_back(req),
+                    Ok(None) => self.ended = Some(Ok(())),
+                    Err(e) => self.ended = Some(Err(e)),
+                },
+                permit = self.tx.reserve(), if has_outbox => match permit {
+                    Ok(p) => p.send(Box::new(Ok(self.outbox.pop().expect("checked")))),
+                    Err(_) => return,
+                },
+                reply = self.ws.next(), if !has_outbox => match reply {
+                    Ok(reply) => {
+                        // Replaced, not extended: an idle stream keeps no spare capacity.
+                        self.outbox = encode(&self.engine, reply);
+                        self.outbox.reverse();
+                    }
+                    Err(e) => {
+                        let _ = self.tx.send(Box::new(Err(status(e)))).await;
+                        return;
+                    }
+                },
+                _ = tick(&mut ticker), if self.ws.wants_progress_ticks() => self.ws.progress_tick(),
+            }
+        }
+    }
+
+    /// Handles the next request read, if no replies wait. `Err` once the stream must end:
+    /// with the status to send, if the client's side failed.
+    fn handle_read(&mut self) -> Result<(), Option<Status>> {
+        if self.ws.has_replies() || !self.outbox.is_empty() {
+            return Ok(());
+        }
+        if let Some(req) = self.read.pop_front() {
+            handle(&mut self.ws, req);
+            if self.read.is_empty() {
+                // An idle stream keeps no queue (requests are rare next to replies).
+                self.read = VecDeque::new();
+            }
+            return Ok(());
+        }
+        match self.ended.take() {
+            None => Ok(()),
+            // The client closed its side, or the connection failed: etcd ends the stream.
+            Some(Ok(())) => Err(None),
+            // A request that does not decode fails the stream, as grpc-go fails etcd's.
+            Some(Err(e)) => Err(Some(e)),
+        }
     }
 }
 
-/// Runs one client's stream until either side ends it.
-async fn serve(ctx: Ctx, mut ws: WatchStream, requests: Streaming<wpb::WatchRequest>, tx: Replies) {
-    let mut requests = crate::streams::read_ahead(requests);
-    // A zero interval turns the notices off (tokio's interval refuses zero).
-    let period = Some(ctx.watch_progress_interval)
-        .filter(|d| !d.is_zero())
-        .unwrap_or(Duration::from_secs(365 * 24 * 3600));
+async fn progress_ticker(period: Duration) -> tokio::time::Interval {
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
-    let stopping = crate::streams::stopped(ctx.stopping.clone());
-    tokio::pin!(stopping);
-    loop {
-        tokio::select! {
-            biased;
-            // The server is stopping: end the stream so the graceful shutdown need not wait for
-            // a client that never leaves; with etcd's ErrStopped (Unavailable), which clients
-            // take as a cue to resume elsewhere or later, as they do when etcd goes away.
-            () = &mut stopping => {
-                let stopped = Err(crate::errors::server_stopped());
-                let _ = tokio::time::timeout(Duration::from_secs(1), tx.send(stopped)).await;
-                return;
-            }
-            req = requests.recv(), if !ws.has_replies() => match req {
-                Some(Ok(req)) => handle(&mut ws, req),
-                // The client closed its side, or the connection failed: etcd ends the stream.
-                None => return,
-                Some(Err(e)) => {
-                    // A request that does not decode fails the stream, as grpc-go fails etcd's.
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            },
-            reply = ws.next() => match reply {
-                Ok(reply) => {
-                    for resp in encode(&ctx, reply) {
-                        if tx.send(Ok(resp)).await.is_err() {
-                            return;
-                        }
-                    }
-                }
-                Err(e) => {
-                    let _ = tx.send(Err(status(e))).await;
-                    return;
-                }
-            },
-            _ = ticker.tick(), if ws.wants_progress_ticks() => ws.progress_tick(),
+    ticker
+}
+
+async fn tick(ticker: &mut Option<tokio::time::Interval>) {
+    match ticker {
+        Some(t) => {
+            t.tick().await;
         }
+        None => std::future::pending().await,
     }
 }
 
@@ -153,9 +231,9 @@ fn encode_event(e: &Event, with_prev: bool) -> Bytes {
 
 /// One reply as responses: several when it asked for fragments and is larger than the request
 /// limit (etcd's `sendFragments`).
-fn encode(ctx: &Ctx, r: WatchReply) -> Vec<wpb::WatchResponse> {
+fn encode(engine: &Engine, r: WatchReply) -> Vec<wpb::WatchResponse> {
     let events: Vec<Bytes> = r.events.iter().map(|e| e.wire(r.prev_kv, encode_event)).collect();
-    let h = ctx.header().at(r.revision).unwrap_or_default();
+    let h = crate::services::header(engine).at(r.revision).unwrap_or_default();
     let base = wpb::WatchResponse {
         header: Some(wpb::ResponseHeader {
             cluster_id: h.cluster_id,
@@ -173,7 +251,7 @@ fn encode(ctx: &Ctx, r: WatchReply) -> Vec<wpb::WatchResponse> {
     };
     // etcd's threshold: the request limit plus gRPC's overhead allowance (v3rpc's
     // `grpcOverheadBytes`), the most a client accepts by default.
-    let limit = ctx.engine.config().max_request_bytes + 512 * 1024;
+    let limit = engine.config().max_request_bytes + 512 * 1024;
     let field = |e: &Bytes| 1 + prost::length_delimiter_len(e.len()) + e.len();
     let total = base.encoded_len() + events.iter().map(field).sum::<usize>();
     if !r.fragment || total < limit || events.len() < 2 {
