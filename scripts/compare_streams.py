@@ -23,6 +23,13 @@ ROWS = [
      ["--conns", "10", "--total", "1000", "watch", "--watchers", "1000", "--streams", "10"], False),
     ("WL idle watchers 10,000", "idle",
      ["--conns", "10", "watch-idle", "--watchers", "10000", "--streams", "100", "--hold-secs", "3"], True),
+    ("WL idle watchers 10,000 on one stream", "idle",
+     ["--conns", "10", "watch-idle", "--watchers", "10000", "--streams", "1", "--hold-secs", "3"], True),
+    # What watchers that match nothing cost writes: the same puts without and with them.
+    ("WL put 100 clients, no watchers", "kv",
+     ["--conns", "10", "--clients", "100", "--total", "20000", "put"], False),
+    ("WL put 100 clients, 10,000 idle watchers", "kv",
+     ["--conns", "10", "--clients", "100", "--total", "20000", "--idle-watchers", "10000", "put"], False),
     ("LS lease grant+revoke 100 clients", "ops",
      ["--conns", "10", "--clients", "100", "--total", "5000", "lease-grant-revoke"], False),
     ("LS lease keepalive 100 streams", "ops",
@@ -44,14 +51,14 @@ def cpu_seconds(pid):
 
 
 def scaled(args, quick):
-    """--quick: totals / 20 (at least 100) and idle watchers / 20."""
+    """--quick: totals / 20 (at least 100) and thousands of watchers / 20."""
     if not quick:
         return list(args)
     out = []
     for prev, a in zip([""] + list(args), args):
         if prev == "--total":
             a = str(max(100, int(a) // 20))
-        elif prev == "--watchers" and int(a) >= 5000:
+        elif prev in ("--watchers", "--idle-watchers") and int(a) >= 5000:
             a = str(int(a) // 20)
         elif prev == "--hold-secs":
             a = "1"
@@ -136,6 +143,10 @@ MEASURES = {
          if "idle_rss_after_kib" in r.get("extra", {}) else None, "{:.1f} → {:.1f}", None),
         ("watchers created/s", lambda r: r["throughput_ops"], "{:.0f}", None),
     ],
+    "kv": [
+        ("ops/s", lambda r: r["throughput_ops"], "{:.0f}", None),
+        ("p99 µs", lambda r: r["latency_us"]["p99"], "{:.0f}", None),
+    ],
     "ops": [
         ("ops/s", lambda r: r["throughput_ops"], "{:.0f}", (AT_LEAST, 2.0)),
         ("p99 µs", lambda r: r["latency_us"]["p99"], "{:.0f}", None),
@@ -168,7 +179,7 @@ def section(results, rounds):
              "server's VmRSS). Latency: one watcher, one writer of sequential puts on the same connection; an "
              "event that arrives before its put's ack counts 0. Fan-out: one writer of sequential puts, events/s "
              "from the first put to the last event received; CPU per event delivered. Idle watchers: each on a "
-             "key of its own, on a fresh server, RSS growth from before the first watcher (connections open) to "
+             "key of its own, created one at a time per stream as etcd's clientv3 creates them, on a fresh server, RSS growth from before the first watcher (connections open) to "
              "3 s after the last, divided by the watchers; streams and their buffers are included. Lease "
              "grant+revoke: one op is a grant then a revoke. Targets are the issue's, on cairn/etcd.", "",
              "| workload | measure | etcd | cairn | cairn/etcd | issue's target |",

@@ -29,6 +29,8 @@ watch_checks() {
     "res['errors'] == 0 and res['latency_us']['p99'] >= res['latency_us']['p50'] and res['extra']['put_to_event_p99_us'] > 0"
   check "$1 watch-idle" "$(run --server-pid "$PID" watch-idle --watchers 300 --streams 6 --hold-secs 0)" \
     "res['errors'] == 0 and res['ok'] == 300 and res['extra']['streams'] == 6 and res['extra']['idle_rss_after_kib'] > 0 and 'bytes_per_watcher' in res['extra']"
+  check "$1 put beside idle watchers" "$(run --idle-watchers 250 put)" \
+    "res['errors'] == 0 and res['ok'] == 200 and res['extra']['idle_watchers'] == 250"
 }
 
 EP_PORT=$(port); EP=127.0.0.1:$EP_PORT

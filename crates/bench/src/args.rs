@@ -48,6 +48,10 @@ pub struct BenchArgs {
     /// during the run and reported (start, peak, end).
     #[arg(long, global = true)]
     pub server_pid: Option<u32>,
+    /// Before a KV workload, open this many idle watchers (each on a key nothing writes, 100
+    /// per stream) and hold them for the run: what watchers that match nothing cost writes.
+    #[arg(long, default_value_t = 0, global = true)]
+    pub idle_watchers: usize,
     #[command(subcommand)]
     pub workload: Workload,
 }

@@ -212,8 +212,12 @@ async fn run_grpc(conn: &Grpc, a: &BenchArgs, op: Option<Op>, range_key: Vec<u8>
     match (op, &a.workload) {
         (Some(op), _) => {
             prepare(conn, a, op).await?;
+            let streams = a.idle_watchers.div_ceil(watch::IDLE_PER_STREAM);
+            let idle = watch::open_idle(conn, a, a.idle_watchers, streams).await?;
             let (t, e) = drive(conn.clone(), a, op, range_key).await;
-            Ok((t, e, Extra::new()))
+            let extra = Extra::from([("idle_watchers", a.idle_watchers as u64)]);
+            drop(idle);
+            Ok((t, e, extra))
         }
         (None, Workload::Watch { watchers, streams }) => {
             watch::fan_out(conn, a, *watchers, *streams).await
@@ -239,6 +243,9 @@ async fn run_embedded(
     let Some(op) = op else {
         return Err(format!("{name} is not available in --embedded mode"));
     };
+    if a.idle_watchers > 0 {
+        return Err("--idle-watchers needs a gRPC endpoint, not --embedded".into());
+    }
     let target = Embedded::open(dir)?;
     prepare(&target, a, op).await?;
     let (tally, elapsed) = drive(target.clone(), a, op, range_key).await;

@@ -266,12 +266,7 @@ pub async fn idle(
     let mut tally = Tally::new();
     let start = Instant::now();
     let mut opened = Vec::new();
-    let mut next_key = 0;
-    for (s, k) in shares(watchers, streams).into_iter().enumerate() {
-        let creates = (next_key..next_key + k as u64)
-            .map(|i| on_key(watch_key(IDLE_PREFIX, i, a.key_size)))
-            .collect();
-        next_key += k as u64;
+    for (s, k, creates) in idle_streams(a, watchers, streams) {
         match open_stream(conn, s, creates, timeout).await {
             Ok((tx, stream, took)) => {
                 took.into_iter().for_each(|d| tally.record(d, Ok(())));
@@ -295,6 +290,45 @@ pub async fn idle(
         extra.insert("bytes_per_watcher", f.saturating_sub(b) * 1024 / tally.ok.max(1));
     }
     Ok((tally, elapsed, extra))
+}
+
+/// Watchers per stream for `--idle-watchers`.
+pub const IDLE_PER_STREAM: usize = 100;
+
+/// The streams of `watchers` idle watchers over `streams` streams: (stream number, watchers,
+/// their creates), each on a key of its own under [`IDLE_PREFIX`].
+fn idle_streams(
+    a: &BenchArgs,
+    watchers: usize,
+    streams: usize,
+) -> Vec<(usize, usize, Vec<pb::WatchCreateRequest>)> {
+    let mut next_key = 0;
+    let mut out = Vec::new();
+    for (s, k) in shares(watchers, streams).into_iter().enumerate() {
+        let creates = (next_key..next_key + k as u64)
+            .map(|i| on_key(watch_key(IDLE_PREFIX, i, a.key_size)))
+            .collect();
+        next_key += k as u64;
+        out.push((s, k, creates));
+    }
+    out
+}
+
+/// Opens `watchers` idle watchers over `streams` streams and returns them open (dropping them
+/// closes them); an error if any could not be created.
+pub async fn open_idle(
+    conn: &Grpc,
+    a: &BenchArgs,
+    watchers: usize,
+    streams: usize,
+) -> Result<Vec<(Requests, Responses)>, String> {
+    let timeout = Duration::from_secs(a.timeout_secs.max(1));
+    let mut opened = Vec::new();
+    for (s, _, creates) in idle_streams(a, watchers, streams) {
+        let (tx, stream, _) = open_stream(conn, s, creates, timeout).await?;
+        opened.push((tx, stream));
+    }
+    Ok(opened)
 }
 
 /// Asks a stream for progress and waits for the answer: the stream is still served.
