@@ -88,6 +88,14 @@ impl EngineConfig {
     }
 }
 
+/// The shortest TTL a lease gets, in seconds, with ticks of `tick_micros` and an election
+/// timeout of `election_ticks`: one and a half election timeouts, rounded up (etcd's `minTTL`),
+/// so a lease outlives a leader change.
+pub fn min_lease_ttl(tick_micros: u64, election_ticks: u32) -> i64 {
+    let micros = u128::from(tick_micros) * u128::from(election_ticks) * 3 / 2;
+    i64::try_from(micros.div_ceil(1_000_000)).unwrap_or(i64::MAX).max(1)
+}
+
 /// A deliberate bug in the replica, compiled in only with the `planted-bugs` feature, so the
 /// whole-stack simulator can prove that its checkers catch what it claims to catch.
 #[cfg(feature = "planted-bugs")]
@@ -100,6 +108,10 @@ pub enum ReplicaBug {
     /// Send the core's snapshot without the store's state, and install what arrives as an empty
     /// store (the behaviour before snapshots carried the store).
     EmptySnapshot,
+    /// The leader's lease clock expires leases at half their TTL.
+    LeaseExpiresEarly,
+    /// The leader's lease clock never revokes an expired lease.
+    LeaseNeverExpires,
 }
 
 /// How a [`crate::Replica`] behaves.
@@ -122,6 +134,10 @@ pub struct ReplicaConfig {
     pub tick_micros: u64,
     /// Expired leases revoked per second at most (etcd's fixed 1,000).
     pub lease_revoke_rate: u64,
+    /// Leases longer than this many seconds get their remaining TTL recorded through Raft this
+    /// often (etcd's `LeaseCheckpointInterval`, 5 minutes). The simulator shortens it so that
+    /// checkpoints happen within a run.
+    pub lease_checkpoint_seconds: u64,
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
 }
@@ -136,9 +152,15 @@ impl ReplicaConfig {
             publish: None,
             tick_micros: 100_000,
             lease_revoke_rate: 1000,
+            lease_checkpoint_seconds: 300,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
+    }
+
+    /// The shortest lease TTL the engine grants ([`min_lease_ttl`]).
+    pub fn min_lease_ttl(&self) -> i64 {
+        min_lease_ttl(self.tick_micros, self.raft.election_timeout_ticks)
     }
 
     #[cfg(feature = "planted-bugs")]
@@ -159,6 +181,8 @@ pub(crate) enum NoBug {
     AckBeforeFsync,
     ReadWithoutIndex,
     EmptySnapshot,
+    LeaseExpiresEarly,
+    LeaseNeverExpires,
 }
 
 #[cfg(not(feature = "planted-bugs"))]

@@ -52,7 +52,7 @@ mod watch;
 
 #[cfg(feature = "planted-bugs")]
 pub use config::ReplicaBug;
-pub use config::{EngineConfig, ReadMode, ReplicaConfig};
+pub use config::{min_lease_ttl, EngineConfig, ReadMode, ReplicaConfig};
 pub use engine::{Engine, KeepAlive, LeaseTimeToLive};
 pub use error::{EngineError, OpenError, StopCause, StorageError};
 pub use ids::{RequestId, RequestIds};

@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use cairn_kv::backend::MemBackend;
 use cairn_kv::{
-    Command, CommandResponse, MemberAttributes, PutRequest, PutResponse, Revision, Store,
+    Command, CommandResponse, KvError, LeaseId, MemberAttributes, PutRequest, PutResponse,
+    Revision, Store,
 };
 use cairn_node::committer::Committer;
 use cairn_node::{
@@ -393,4 +394,62 @@ fn a_member_restored_from_a_snapshot_learns_the_attributes_published_while_it_wa
     }
     let own: Vec<u64> = publishes_in_log(&net.get(3).replica);
     assert_eq!(own, vec![3], "only its own publish is in its log, after the snapshot");
+}
+
+/// Grants lease `id` of `ttl` seconds through leader 1 and waits until it is applied.
+fn grant(net: &mut Net, id: i64, ttl: i64) {
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(id), ttl }, 1);
+    net.stabilize();
+    assert!(net.get(1).replica.store().lease(LeaseId(id)).is_some());
+    net.get(1).answers.clear();
+}
+
+/// Simulator stack seed 4 found a keepalive renewing a lease whose revoke was already proposed:
+/// the client was told its lease runs a full TTL more, and lost it at once. A keepalive of an
+/// expired lease waits for the revoke and is answered `LeaseNotFound`, as etcd answers.
+#[test]
+fn a_keepalive_of_an_expired_lease_waits_for_its_revoke() {
+    let mut net = Net::new(&[1, 2, 3], 100);
+    net.stabilize();
+    net.elect(1);
+    grant(&mut net, 7, 1);
+    // Only the leader's clock matters for leases; tick it until it proposes the revoke.
+    for _ in 0..20 {
+        let last = net.get(1).replica.raft().last_index();
+        net.get(1).replica.handle_tick();
+        net.get(1).replica.process().unwrap();
+        if net.get(1).replica.raft().last_index() > last {
+            break;
+        }
+        net.stabilize();
+    }
+    net.get(1).replica.handle_lease_renew(LeaseId(7), 99);
+    net.stabilize();
+    assert_eq!(net.get(1).replica.store().lease(LeaseId(7)), None, "revoked");
+    let answer = net.get(1).answers.iter().find(|a| a.0 == 99).cloned();
+    assert_eq!(answer, Some((99, Err(EngineError::Kv(KvError::LeaseNotFound)))));
+}
+
+/// Simulator stack seed 312 found a leader cut off from the others renewing leases from its
+/// stale store while a new leader expired them by its own clock. A keepalive is answered only
+/// once a heartbeat round confirms the leadership (etcd's `ensureLeadership`).
+#[test]
+fn a_cut_off_leader_does_not_renew_leases() {
+    let mut net = Net::new(&[1, 2, 3], 100);
+    net.stabilize();
+    net.elect(1);
+    grant(&mut net, 8, 10);
+    net.get(1).replica.handle_lease_renew(LeaseId(8), 98);
+    net.stabilize();
+    assert_eq!(net.get(1).answers, vec![(98, Ok(Reply::LeaseRenewed { ttl: 10 }))]);
+    net.get(1).answers.clear();
+    net.cut.insert(1);
+    net.get(1).replica.handle_lease_renew(LeaseId(8), 99);
+    net.get(1).replica.handle_lease_ttl(LeaseId(8), 100);
+    net.stabilize();
+    assert!(net.get(1).answers.is_empty(), "not confirmed: {:?}", net.get(1).answers);
+    // Check-quorum deposes it: they are answered as reads asked of a leadership that is gone.
+    net.tick_all(25);
+    let changed = Err(EngineError::LeaderChanged);
+    assert_eq!(net.get(1).answers, vec![(99, changed.clone()), (100, changed)]);
 }

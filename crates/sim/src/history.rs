@@ -29,12 +29,30 @@
 //! the model's result there. An index beyond the next is reported as a violation (a gap).
 //! Whether each member applies its own indexes in order is the Raft checker's business
 //! (`Checker::check_applied`).
+//!
+//! **Entries no client sent.** Members propose for themselves: their attributes
+//! (`PublishMember`), and, as leader, the revokes of expired leases and lease checkpoints. The
+//! model applies them like any other entry. A revoke is a client's if that client sent exactly
+//! that command under that request id and it is not in the log already; otherwise it is a
+//! member's own (a member's own request ids may equal its clients', as in production, where the
+//! replica tells them apart by the entry's bytes and so takes the first as the client's too;
+//! such a revoke may then turn out to be a member's, if the client was told its own failed, so
+//! a revoke taken for a client's is judged leniently: it may be in the log though its client
+//! was told it failed, and it places that client's operation in real time only if the client
+//! was told it was applied; for the lease checker, it counts as the client's).
+//! The successful revokes a member made on its own are handed to the lease checker
+//! (`leases.rs`), which judges when they happened.
+//!
+//! **Lease queries** (keepalive, TimeToLive) are answered by the leader from its store without
+//! a log entry, so they are judged as reads: the simulator records the index the leader's store
+//! had executed when it answered, the answer must be the model's for the lease there, and the
+//! query takes the point `2e + 1` in the real-time check.
 
 use std::collections::BTreeMap;
 use std::fmt;
 
 use cairn_kv::model::Model;
-use cairn_kv::{Command, CommandResponse, KvError, RangeRequest, RangeResponse, Revision};
+use cairn_kv::{Command, CommandResponse, KvError, LeaseId, RangeRequest, RangeResponse, Revision};
 
 use crate::checker::Violation;
 
@@ -46,6 +64,33 @@ pub type OpId = u64;
 pub enum OpKind {
     Write(Command),
     Read(RangeRequest),
+    KeepAlive(LeaseId),
+    TimeToLive(LeaseId),
+}
+
+/// A lease granted or revoked, reported when the log is first known to hold it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseChange {
+    Granted {
+        id: LeaseId,
+        ttl: i64,
+    },
+    /// `ttl` is the lease's (`None`: it did not exist); `own` if a member revoked it on its
+    /// own, because it expired.
+    Revoked {
+        id: LeaseId,
+        ttl: Option<i64>,
+        own: bool,
+    },
+}
+
+/// What the leader answered a lease query with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LeaseAnswer {
+    /// A keepalive renewed the lease for this many seconds.
+    Renewed { ttl: i64 },
+    /// TimeToLive: the granted TTL and the seconds left (0 and -1 for a lease that is not).
+    Ttl { granted: i64, remaining: i64 },
 }
 
 /// What a client was told.
@@ -56,6 +101,9 @@ pub enum Outcome {
     Write(Result<CommandResponse, KvError>),
     /// The read ran after its member's store had executed the log up to `at_index`.
     Read { result: Result<RangeResponse, KvError>, at_index: u64 },
+    /// A lease query was asked of a store that had executed the log up to `at_index`, and
+    /// answered when it had executed it up to `answered_index`.
+    Lease { result: Result<LeaseAnswer, KvError>, at_index: u64, answered_index: u64 },
     /// Certainly not applied: refused before it was proposed, or its entry was replaced.
     Failed,
     /// Unknown: timed out, or the member crashed.
@@ -74,7 +122,20 @@ impl Op {
         match self.kind {
             OpKind::Write(_) => "write",
             OpKind::Read(_) => "read",
+            OpKind::KeepAlive(_) => "keepalive",
+            OpKind::TimeToLive(_) => "time-to-live",
         }
+    }
+
+    /// Whether `outcome` is an answer this kind of operation can get.
+    fn fits(&self, outcome: &Outcome) -> bool {
+        matches!(
+            (&self.kind, outcome),
+            (_, Outcome::Failed | Outcome::Unknown)
+                | (OpKind::Write(_), Outcome::Write(_))
+                | (OpKind::Read(_), Outcome::Read { .. })
+                | (OpKind::KeepAlive(_) | OpKind::TimeToLive(_), Outcome::Lease { .. })
+        )
     }
 }
 
@@ -83,6 +144,11 @@ impl Op {
 struct LogEntry {
     /// The operation that proposed it and its command; `None` for an entry without one.
     request: Option<(OpId, Command)>,
+    /// Proposed by a member for itself, not by a client.
+    own: bool,
+    /// A revoke taken for a client's that a member may have proposed for itself under the
+    /// same request id (see the module's comment): the client may have been told it failed.
+    maybe_own: bool,
     /// The model's result for it; `None` without a command.
     result: Option<Result<CommandResponse, KvError>>,
     /// The model's current and compacted revisions after it, for reads that ran here.
@@ -107,6 +173,14 @@ pub struct HistoryStats {
     pub publishes: u64,
     /// Member executions compared with the model.
     pub executions_checked: u64,
+    /// Leases granted, and revoked by members on their own (expired) or by clients.
+    pub lease_grants: u64,
+    pub lease_expiries: u64,
+    pub lease_revokes: u64,
+    /// Entries recording leases' remaining TTLs.
+    pub lease_checkpoints: u64,
+    /// Keepalives and TimeToLives answered, judged against the model.
+    pub lease_queries_checked: u64,
 }
 
 impl HistoryStats {
@@ -120,6 +194,11 @@ impl HistoryStats {
         self.log_entries += o.log_entries;
         self.publishes += o.publishes;
         self.executions_checked += o.executions_checked;
+        self.lease_grants += o.lease_grants;
+        self.lease_expiries += o.lease_expiries;
+        self.lease_revokes += o.lease_revokes;
+        self.lease_checkpoints += o.lease_checkpoints;
+        self.lease_queries_checked += o.lease_queries_checked;
     }
 }
 
@@ -127,7 +206,7 @@ impl fmt::Display for HistoryStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{} writes acknowledged, {} certainly failed, {} unknown ({} of them applied); {} reads checked, {} unanswered; {} log entries ({} publishing attributes), {} executions compared with the model",
+"{} writes acknowledged, {} certainly failed, {} unknown ({} of them applied); {} reads checked, {} unanswered; {} log entries ({} publishing attributes), {} executions compared with the model; leases: {} granted, {} expired, {} revoked by clients, {} checkpoint entries, {} keepalives and TTLs checked",
             self.writes_acked,
             self.writes_failed,
             self.writes_unknown,
@@ -136,7 +215,12 @@ impl fmt::Display for HistoryStats {
             self.reads_unanswered,
             self.log_entries,
             self.publishes,
-            self.executions_checked
+            self.executions_checked,
+            self.lease_grants,
+            self.lease_expiries,
+            self.lease_revokes,
+            self.lease_checkpoints,
+            self.lease_queries_checked
         )
     }
 }
@@ -145,8 +229,8 @@ impl fmt::Display for HistoryStats {
 ///
 /// Invariant: `log[i]` is index `i + 1`, and `model` has applied exactly `log`.
 /// Invariant: `position` maps every client's request id in `log` to its index, and each appears
-/// once. A member's own entries (publishing its attributes) are in `log` but not in `position`:
-/// no client sent them, and their ids come from the member's own counter.
+/// once. A member's own entries (its attributes, lease expiries and checkpoints) are in `log`
+/// but not in `position`: no client sent them, and their ids come from the member's own counter.
 #[derive(Debug, Default)]
 pub struct History {
     /// Ordered by id, so a failing seed names the same violation on every replay.
@@ -155,6 +239,11 @@ pub struct History {
     position: BTreeMap<OpId, u64>,
     model: Model,
     executions_checked: u64,
+    /// Each lease's TTL from each index at which it was granted or revoked (`None`: gone), so
+    /// a lease query can be judged at any index.
+    leases: BTreeMap<LeaseId, Vec<(u64, Option<i64>)>>,
+    /// Successful grants and revokes learned and not yet taken.
+    lease_changes: Vec<LeaseChange>,
     /// The time of the last invocation or answer: times must increase.
     last_at: u64,
     /// The first misuse of `invoke`/`complete` (an id reused, a time going back); `check`
@@ -184,10 +273,7 @@ impl History {
             self.note_misuse(format!("operation {op} answered at t={at} but never invoked"));
             return;
         };
-        let mismatched = matches!(
-            (&o.kind, &outcome),
-            (OpKind::Write(_), Outcome::Read { .. }) | (OpKind::Read(_), Outcome::Write(_))
-        );
+        let mismatched = !o.fits(&outcome);
         let problem = if o.completed.is_some() {
             format!("operation {op} answered twice (again at t={at})")
         } else if mismatched {
@@ -298,20 +384,90 @@ impl History {
         entry: Option<(OpId, Command)>,
     ) -> Result<(), Violation> {
         let mut result = None;
-        if let Some((_, cmd @ Command::PublishMember { .. })) = &entry {
-            result = Some(self.model.apply(cmd));
-        } else if let Some((op, cmd)) = &entry {
-            if let Some(&earlier) = self.position.get(op) {
-                violation!(
-                    "request {op} is in the log twice: at index {earlier} and at index {index} (applied by member {member})"
-                );
+        let own = entry.as_ref().is_some_and(|(op, cmd)| self.is_own(*op, cmd));
+        if let Some((op, cmd)) = &entry {
+            if !own {
+                if let Some(&earlier) = self.position.get(op) {
+                    violation!(
+                        "request {op} is in the log twice: at index {earlier} and at index {index} (applied by member {member})"
+                    );
+                }
+                self.position.insert(*op, index);
             }
-            self.position.insert(*op, index);
-            result = Some(self.model.apply(cmd));
+            let applied = self.model.apply(cmd);
+            self.note_leases(index, cmd, &applied, own);
+            result = Some(applied);
         }
         let (current, compacted) = (self.model.current(), self.model.compacted());
-        self.log.push(LogEntry { request: entry, result, current, compacted });
+        let maybe_own = !own && matches!(&entry, Some((_, Command::LeaseRevoke { .. })));
+        self.log.push(LogEntry { request: entry, own, maybe_own, result, current, compacted });
         Ok(())
+    }
+
+    fn maybe_own(&self, index: u64) -> bool {
+        index.checked_sub(1).and_then(|i| self.log.get(i as usize)).is_some_and(|e| e.maybe_own)
+    }
+
+    /// Whether a member proposed `cmd` under `op` for itself (see the module's comment).
+    fn is_own(&self, op: OpId, cmd: &Command) -> bool {
+        match cmd {
+            Command::PublishMember { .. } | Command::LeaseCheckpoint { .. } => true,
+            Command::LeaseRevoke { .. } => {
+                let sent = matches!(self.ops.get(&op), Some(Op { kind: OpKind::Write(c), .. }) if c == cmd);
+                !sent || self.position.contains_key(&op)
+            }
+            _ => false,
+        }
+    }
+
+    /// Follows the leases a learned entry granted or revoked.
+    fn note_leases(
+        &mut self,
+        index: u64,
+        cmd: &Command,
+        result: &Result<CommandResponse, KvError>,
+        own: bool,
+    ) {
+        match (cmd, result) {
+            (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => {
+                self.leases.entry(lease.id).or_default().push((index, Some(lease.ttl)));
+                self.lease_changes.push(LeaseChange::Granted { id: lease.id, ttl: lease.ttl });
+            }
+            (Command::LeaseRevoke { id }, Ok(_)) => {
+                let ttl = self.lease_at(*id, index - 1);
+                self.leases.entry(*id).or_default().push((index, None));
+                self.lease_changes.push(LeaseChange::Revoked { id: *id, ttl, own });
+            }
+            _ => {}
+        }
+    }
+
+    /// The successful grants and revokes learned since the last call, in log order.
+    pub fn take_lease_changes(&mut self) -> Vec<LeaseChange> {
+        std::mem::take(&mut self.lease_changes)
+    }
+
+    /// A lease's TTL after the log up to `index` was applied; `None` if it did not exist.
+    pub fn lease_at(&self, id: LeaseId, index: u64) -> Option<i64> {
+        let changes = self.leases.get(&id)?;
+        let k = changes.partition_point(|(i, _)| *i <= index);
+        k.checked_sub(1).and_then(|k| changes[k].1)
+    }
+
+    /// The leases that exist after the whole known log, in id order.
+    pub fn live_leases(&self) -> Vec<LeaseId> {
+        let end = self.log_len();
+        self.leases.keys().copied().filter(|id| self.lease_at(*id, end).is_some()).collect()
+    }
+
+    /// The model's leases after the whole known log, for comparing with a store's.
+    pub fn model_leases(&self) -> Vec<cairn_kv::Lease> {
+        self.model.leases().values().copied().collect()
+    }
+
+    /// The live keys the model attaches to `id` after the whole known log.
+    pub fn model_lease_keys(&self, id: LeaseId) -> Vec<bytes::Bytes> {
+        self.model.lease_keys(id)
     }
 
     /// Judges the whole history, at the end of a run.
@@ -320,17 +476,7 @@ impl History {
             violation!("history misrecorded: {what}");
         }
         self.check_log_requests()?;
-        let publishes = self
-            .log
-            .iter()
-            .filter(|e| matches!(e.request, Some((_, Command::PublishMember { .. }))))
-            .count() as u64;
-        let mut stats = HistoryStats {
-            log_entries: self.log_len(),
-            publishes,
-            executions_checked: self.executions_checked,
-            ..HistoryStats::default()
-        };
+        let mut stats = self.log_stats();
         for (&id, op) in &self.ops {
             self.check_op(id, op, &mut stats)?;
         }
@@ -338,18 +484,39 @@ impl History {
         Ok(stats)
     }
 
+    /// What the log holds, counted.
+    fn log_stats(&self) -> HistoryStats {
+        let mut stats = HistoryStats {
+            log_entries: self.log_len(),
+            executions_checked: self.executions_checked,
+            ..HistoryStats::default()
+        };
+        for e in &self.log {
+            let ok = matches!(e.result, Some(Ok(_)));
+            match &e.request {
+                Some((_, Command::PublishMember { .. })) => stats.publishes += 1,
+                Some((_, Command::LeaseCheckpoint { .. })) => stats.lease_checkpoints += 1,
+                Some((_, Command::LeaseGrant { .. })) if ok => stats.lease_grants += 1,
+                Some((_, Command::LeaseRevoke { .. })) if ok && e.own => stats.lease_expiries += 1,
+                Some((_, Command::LeaseRevoke { .. })) if ok => stats.lease_revokes += 1,
+                _ => {}
+            }
+        }
+        stats
+    }
+
     /// Every request in the log is a write some client sent, with the command it sent.
     fn check_log_requests(&self) -> Result<(), Violation> {
         for (i, entry) in self.log.iter().enumerate() {
             let Some((op, cmd)) = &entry.request else { continue };
-            if matches!(cmd, Command::PublishMember { .. }) {
+            if entry.own {
                 continue;
             }
             let index = i + 1;
             match self.ops.get(op).map(|o| &o.kind) {
                 None => violation!("index {index} carries request {op}, which no client sent"),
-                Some(OpKind::Read(_)) => {
-                    violation!("index {index} carries request {op}, which is a read")
+                Some(OpKind::Read(_) | OpKind::KeepAlive(_) | OpKind::TimeToLive(_)) => {
+                    violation!("index {index} carries request {op}, which is no write")
                 }
                 Some(OpKind::Write(sent)) if sent != cmd => violation!(
                     "index {index} carries request {op} as {cmd:?}, but the client sent {sent:?}"
@@ -367,7 +534,7 @@ impl History {
                 stats.writes_acked += 1;
             }
             (OpKind::Write(_), Some(Outcome::Failed)) => {
-                if let Some(index) = self.position.get(&id) {
+                if let Some(index) = self.position.get(&id).filter(|i| !self.maybe_own(**i)) {
                     violation!(
                         "write {id} was answered as failed, but it is in the log at index {index}"
                     );
@@ -383,8 +550,79 @@ impl History {
                 stats.reads_checked += 1;
             }
             (OpKind::Read(_), _) => stats.reads_unanswered += 1,
+            (
+                OpKind::KeepAlive(lease) | OpKind::TimeToLive(lease),
+                Some(Outcome::Lease { result, at_index, answered_index }),
+            ) => {
+                self.check_lease_query(id, *lease, op, result, (*at_index, *answered_index))?;
+                stats.lease_queries_checked += 1;
+            }
+            (OpKind::KeepAlive(_) | OpKind::TimeToLive(_), _) => {}
         }
         Ok(())
+    }
+
+    /// A keepalive or TimeToLive answered as the model has the lease at some index its store
+    /// had executed while the query waited (see `lease_point`).
+    fn check_lease_query(
+        &self,
+        id: OpId,
+        lease: LeaseId,
+        op: &Op,
+        got: &Result<LeaseAnswer, KvError>,
+        (from, to): (u64, u64),
+    ) -> Result<(), Violation> {
+        if to > self.log_len() || from > to {
+            violation!(
+                "{} {id} ran after indexes {from} to {to}, but the log is known only through {}",
+                op.noun(),
+                self.log_len()
+            );
+        }
+        if self.lease_point(lease, &op.kind, got, (from, to)).is_none() {
+            let ttl = self.lease_at(lease, to);
+            violation!(
+                "{} {id} of lease {} after index {from} (answered after {to}) was answered {got:?}, but the model has the lease {} there",
+                op.noun(),
+                lease.0,
+                ttl.map_or("nonexistent".to_string(), |t| format!("with TTL {t}"))
+            );
+        }
+        Ok(())
+    }
+
+    /// The last index from `from` to `to` after which the model's lease matches the answer.
+    /// A query is answered from the store as executed when it is asked, or, for a keepalive
+    /// of an expired lease, when its revoke is applied; the simulator knows the store's index
+    /// when it asked and when it heard back. Taking the last index that fits is the most
+    /// lenient placement for operations that began before the answer, and costs nothing for
+    /// those that begin after it, which a correct cluster places at or after `to`.
+    fn lease_point(
+        &self,
+        lease: LeaseId,
+        kind: &OpKind,
+        got: &Result<LeaseAnswer, KvError>,
+        (from, to): (u64, u64),
+    ) -> Option<u64> {
+        let fits = |ttl: Option<i64>| match (kind, got, ttl) {
+            (OpKind::KeepAlive(_), Ok(LeaseAnswer::Renewed { ttl: t }), Some(want)) => *t == want,
+            (OpKind::KeepAlive(_), Err(KvError::LeaseNotFound), None) => true,
+            (OpKind::TimeToLive(_), Ok(LeaseAnswer::Ttl { granted, remaining }), Some(want)) => {
+                *granted == want && *remaining >= 0
+            }
+            (OpKind::TimeToLive(_), Ok(LeaseAnswer::Ttl { granted: 0, remaining: -1 }), None) => {
+                true
+            }
+            _ => false,
+        };
+        // The lease is the same from one change to the next: try `to`, and the index before
+        // each change in between.
+        let changes = self.leases.get(&lease).map_or(&[][..], |c| &c[..]);
+        let before_changes = changes.iter().rev().map(|(i, _)| i.saturating_sub(1));
+        std::iter::once(to)
+            .chain(before_changes)
+            .filter(|e| (from..=to).contains(e))
+            .find(|e| fits(self.lease_at(lease, *e)))
     }
 
     fn check_acked_write(
@@ -430,11 +668,26 @@ impl History {
     /// that saw the log through `e` at `2e + 1`.
     fn point(&self, id: OpId, op: &Op) -> Option<u64> {
         match (&op.kind, &op.completed) {
-            (OpKind::Read(_), Some((_, Outcome::Read { at_index, .. }))) => {
+            (_, Some((_, Outcome::Read { at_index, .. }))) => {
                 Some(at_index.saturating_mul(2).saturating_add(1))
             }
-            (OpKind::Write(_), _) => self.position.get(&id).map(|i| 2 * i),
-            (OpKind::Read(_), _) => None,
+            (
+                OpKind::KeepAlive(lease) | OpKind::TimeToLive(lease),
+                Some((_, Outcome::Lease { result, at_index, answered_index })),
+            ) => {
+                let window = (*at_index, *answered_index);
+                let e = self.lease_point(*lease, &op.kind, result, window).unwrap_or(*at_index);
+                Some(e.saturating_mul(2).saturating_add(1))
+            }
+            // A revoke a member may have made for itself places a client's write only if the
+            // client was told it was applied.
+            (OpKind::Write(_), Some((_, Outcome::Write(_)))) => {
+                self.position.get(&id).map(|i| 2 * i)
+            }
+            (OpKind::Write(_), _) => {
+                self.position.get(&id).filter(|i| !self.maybe_own(**i)).map(|i| 2 * i)
+            }
+            _ => None,
         }
     }
 
@@ -447,7 +700,7 @@ impl History {
             .ops
             .iter()
             .filter_map(|(&id, op)| match &op.completed {
-                Some((at, Outcome::Write(_) | Outcome::Read { .. })) => {
+                Some((at, Outcome::Write(_) | Outcome::Read { .. } | Outcome::Lease { .. })) => {
                     Some((*at, self.point(id, op)?, id))
                 }
                 _ => None,

@@ -5,10 +5,11 @@
 //! seed, over a simulated network (loss, duplication, reordering, partitions), a simulated disk
 //! per member (unsynced writes lost or torn on a crash, injected IO failures), an in-memory
 //! store backend that loses what LMDB may lose, and a simulated clock with drift. Simulated
-//! clients issue etcd KV operations. After every step it checks the Raft paper's safety
-//! properties; at the end it heals everything, requires liveness and convergence (same revision
-//! and kv hash everywhere), and checks the whole client history for linearizability against the
-//! kv model. A failing seed replays exactly with `cargo run -p cairn-sim --release -- --seed S`
+//! clients issue etcd KV and lease operations. After every step it checks the Raft paper's
+//! safety properties, and that no lease is revoked as expired before the TTL last promised to a
+//! client; at the end it heals everything, requires liveness and convergence (same revision,
+//! kv hash and leases everywhere, every expired lease revoked), and checks the whole client
+//! history for linearizability against the kv model. A failing seed replays exactly with `cargo run -p cairn-sim --release -- --seed S`
 //! and the same options.
 
 pub mod backend;
@@ -16,6 +17,7 @@ pub mod checker;
 mod clients;
 mod faults;
 pub mod history;
+pub mod leases;
 mod liveness;
 pub mod member;
 pub mod network;
@@ -123,6 +125,8 @@ pub struct Stats {
     pub power_losses: u64,
     pub disk_faults: u64,
     pub messages: u64,
+    /// What the lease checker judged.
+    pub leases: leases::LeaseStats,
     /// What the history checker judged.
     pub kv: history::HistoryStats,
 }
@@ -143,6 +147,8 @@ impl Stats {
         self.power_losses += o.power_losses;
         self.disk_faults += o.disk_faults;
         self.messages += o.messages;
+        self.leases.acks += o.leases.acks;
+        self.leases.expiries_checked += o.leases.expiries_checked;
         self.kv.add(&o.kv);
     }
 }

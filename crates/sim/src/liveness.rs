@@ -5,8 +5,9 @@
 //! member of the leader's configuration has executed the same log prefix (through the probe)
 //! and, when members publish, holds every one of them's current attributes; they hold the same
 //! revision, the same kv hash (etcd's `HashKV`) and the same members' attributes (which the
-//! hash does not cover); and each member's data equals the model's. Then the client history
-//! must be linearizable.
+//! hash does not cover); and each member's data and leases (with their TTLs, checkpoints and
+//! keys) equal the model's. Then every lease must be revoked, since no client keeps one alive
+//! any more (`leases.rs` bounds when each goes), and the client history must be linearizable.
 
 use bytes::Bytes;
 use cairn_kv::{Command, PutRequest, RangeRequest, Revision};
@@ -26,29 +27,37 @@ impl World {
                 m.restart_at = Some(self.now);
             }
         }
+        self.leases.healed(self.now);
         let deadline = self.now + self.opts.liveness_ticks * TICK_UNITS;
         let mut probe: Option<u64> = None;
+        let mut converged = false;
         while self.now < deadline {
             self.step(false)?;
-            if self.now.is_multiple_of(5 * TICK_UNITS)
-                && probe.is_none_or(|op| self.probe_failed(op))
-            {
-                probe = self.send_probe();
-            }
-            let Some(op) = probe else { continue };
-            let Some(index) = self.history.acked_index(op) else { continue };
-            if let Some(members) = self.converged(LogIndex(index)) {
+            if !converged {
+                if self.now.is_multiple_of(5 * TICK_UNITS)
+                    && probe.is_none_or(|op| self.probe_failed(op))
+                {
+                    probe = self.send_probe();
+                }
+                let Some(index) = probe.and_then(|op| self.history.acked_index(op)) else {
+                    continue;
+                };
+                let Some(members) = self.converged(LogIndex(index)) else { continue };
                 self.check_converged(&members)?;
+                converged = true;
+            }
+            if self.history.live_leases().is_empty() {
                 self.stats.kv = self.history.check()?;
                 return Ok(());
             }
         }
         Err(Violation(format!(
-            "liveness: no leader committing and converging within {} ticks after faults stopped (leaders: {:?}, probe {:?}, attributes missing: {:?})",
+            "liveness: no leader committing, converging and revoking every lease within {} ticks after faults stopped (converged: {converged}, leaders: {:?}, probe {:?}, attributes missing: {:?}, leases left: {:?})",
             self.opts.liveness_ticks,
             self.leaders(),
             probe.map(|op| (op, self.history.acked_index(op))),
-            self.unpublished()
+            self.unpublished(),
+            self.history.live_leases()
         )))
     }
 
@@ -158,6 +167,31 @@ impl World {
             if got != want {
                 return Err(Violation(format!(
                     "convergence: member {id} holds {got:?}, the model {want:?}"
+                )));
+            }
+            self.check_leases(*id, store)?;
+        }
+        Ok(())
+    }
+
+    /// A member's leases, their TTLs, checkpoints and keys, are the model's.
+    fn check_leases(
+        &self,
+        id: NodeId,
+        store: &cairn_kv::Store<crate::backend::SimBackend>,
+    ) -> Result<(), Violation> {
+        let (got, want) = (store.leases(), self.history.model_leases());
+        if got != want {
+            return Err(Violation(format!(
+                "convergence: member {id} holds leases {got:?}, the model {want:?}"
+            )));
+        }
+        for lease in want {
+            let (got, want) = (store.lease_keys(lease.id), self.history.model_lease_keys(lease.id));
+            if got != want {
+                return Err(Violation(format!(
+                    "convergence: member {id} attaches {got:?} to lease {}, the model {want:?}",
+                    lease.id.0
                 )));
             }
         }

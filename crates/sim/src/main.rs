@@ -3,14 +3,17 @@
 //! ```text
 //! cairn-sim --seeds 1..1000            run seeds 1 to 1000 (3 and 5 voters, both read modes)
 //! cairn-sim --stack --seeds 1..300     the stack mix: every KV operation on a small key space,
-//!                                      compactions, historical reads, power loss of all members
+//!                                      leases (grants, revokes, keepalives, TimeToLive, keys
+//!                                      attached), compactions, historical reads, power loss of
+//!                                      all members
 //! cairn-sim --seed 42                  replay one seed (add --stack if it was a stack seed)
 //! cairn-sim --seeds 1..200 --voters 5  force the cluster size
 //! cairn-sim --seeds 1..200 --lease     force lease reads (--safe for ReadIndex)
 //! cairn-sim --bug commit-previous-term plant a bug to see the checkers catch it: in the core
 //!                                      (also vote-ignores-log, read-skips-quorum) or in the
 //!                                      replica (ack-before-fsync, read-without-index,
-//!                                      empty-snapshot)
+//!                                      empty-snapshot, lease-expires-early,
+//!                                      lease-never-expires)
 //! cairn-sim --seed 42 --trace          print every delivery and state change
 //!
 //! Other flags: --chaos X (multiply crash, partition and disk fault rates), --max-msg-bytes B
@@ -52,6 +55,8 @@ fn parse_bug(name: &str) -> Result<(Option<PlantedBug>, Option<ReplicaBug>), Str
         "ack-before-fsync" => (None, Some(ReplicaBug::AckBeforeFsync)),
         "read-without-index" => (None, Some(ReplicaBug::ReadWithoutIndex)),
         "empty-snapshot" => (None, Some(ReplicaBug::EmptySnapshot)),
+        "lease-expires-early" => (None, Some(ReplicaBug::LeaseExpiresEarly)),
+        "lease-never-expires" => (None, Some(ReplicaBug::LeaseNeverExpires)),
         _ => return Err(format!("unknown bug {name}")),
     })
 }
@@ -180,6 +185,10 @@ fn main() -> ExitCode {
         stats.elections, stats.proposals, stats.acked, stats.reads, stats.crashes,
         stats.power_losses, stats.disk_faults, stats.partitions, stats.conf_changes,
         stats.transfers, stats.compactions, stats.snapshots_installed, stats.messages, stats.kv
+    );
+    println!(
+        "leases: {} acknowledgements to clients, {} expiries checked against them",
+        stats.leases.acks, stats.leases.expiries_checked
     );
     println!("{} passed, {} failed", count - failures.len() as u64, failures.len());
     if failures.is_empty() {

@@ -5,11 +5,15 @@
 //! keys and ranges, transactions with every compare target (Kubernetes' create and update
 //! shapes among them), compactions, and reads at the latest and at older revisions with limits,
 //! sorting, `keys_only` and `count_only`, so that compaction and history are exercised too.
+//! It also works leases: grants under ids the server picks and under a few ids clients pick
+//! (which collide), TTLs of a few election timeouts, revokes, keepalives and TimeToLive, and puts
+//! that attach keys to leases (some that no longer exist) or keep a key's lease
+//! (`ignore_lease`).
 
 use bytes::Bytes;
 use cairn_kv::{
-    Command, CompactRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, PutRequest,
-    RangeRequest, RequestOp, Revision, SortOrder, SortTarget, TxnRequest,
+    Command, CompactRequest, Compare, CompareResult, CompareTarget, DeleteRangeRequest, LeaseId,
+    PutRequest, RangeRequest, RequestOp, Revision, SortOrder, SortTarget, TxnRequest,
 };
 
 use crate::rng::Rng;
@@ -19,7 +23,19 @@ use crate::rng::Rng;
 pub enum Op {
     Write(Command),
     Read(RangeRequest),
+    /// Renew a lease; the leader answers, so the member asked forwards it to the leader it
+    /// knows (as cairn's server forwards keepalives).
+    KeepAlive(LeaseId),
+    /// A lease's TTLs, from the leader as a keepalive.
+    TimeToLive(LeaseId),
 }
+
+/// Lease ids clients choose themselves; few, so grants collide and puts name leases revoked.
+const CLIENT_LEASES: u64 = 3;
+/// Longest TTL asked for, in seconds (ten election timeouts of the simulated clock's ticks):
+/// leases expire, and are kept alive, many times in a run. Shorter ones are raised to the
+/// minimum as the engine raises them.
+const MAX_TTL: u64 = 4;
 
 const KEYS: u64 = 8;
 
@@ -44,29 +60,64 @@ pub fn core_op(rng: &mut Rng, op: u64) -> Op {
 }
 
 /// The stack mix. `current` is the revision the chosen member's store is at, to aim
-/// compactions and historical reads near the live range.
-pub fn stack_op(rng: &mut Rng, op: u64, current: Revision) -> Op {
-    match rng.between(0, 99) {
-        0..=29 => Op::Write(Command::Put(put(rng, op))),
-        30..=37 => Op::Write(Command::DeleteRange(delete(rng))),
-        38..=52 => Op::Write(Command::Txn(txn(rng, op, current, 0))),
-        53..=54 => {
-            let back = rng.between(0, 12) as i64;
+/// compactions and historical reads near the live range; `leases` are ids granted lately.
+pub fn stack_op(rng: &mut Rng, op: u64, current: Revision, leases: &[LeaseId]) -> Op {
+    let mut g = Gen { rng, op, current, leases };
+    match g.rng.between(0, 99) {
+        0..=24 => Op::Write(Command::Put(g.put())),
+        25..=31 => Op::Write(Command::DeleteRange(delete(g.rng))),
+        32..=44 => Op::Write(Command::Txn(g.txn(0))),
+        45..=46 => {
+            let back = g.rng.between(0, 12) as i64;
             let revision = Revision((current.0 - back).max(0));
-            Op::Write(Command::Compact(CompactRequest { revision, physical: rng.chance(0.3) }))
+            Op::Write(Command::Compact(CompactRequest { revision, physical: g.rng.chance(0.3) }))
         }
-        _ => Op::Read(range(rng, current)),
+        47..=50 => {
+            // Id 0: the member picks one, as the engine does.
+            let id = if g.rng.chance(0.5) { LeaseId(0) } else { g.client_lease() };
+            Op::Write(Command::LeaseGrant { id, ttl: g.rng.between(1, MAX_TTL) as i64 })
+        }
+        51..=52 => Op::Write(Command::LeaseRevoke { id: g.lease() }),
+        53..=60 => Op::KeepAlive(g.lease()),
+        61..=62 => Op::TimeToLive(g.lease()),
+        _ => Op::Read(range(g.rng, current)),
     }
 }
 
-fn put(rng: &mut Rng, op: u64) -> PutRequest {
-    let ignore_value = rng.chance(0.05);
-    PutRequest {
-        key: key(rng),
-        value: if ignore_value { Bytes::new() } else { value(op) },
-        prev_kv: rng.chance(0.3),
-        ignore_value,
-        ..PutRequest::default()
+/// What the stack mix draws from.
+struct Gen<'a> {
+    rng: &'a mut Rng,
+    op: u64,
+    current: Revision,
+    leases: &'a [LeaseId],
+}
+
+impl Gen<'_> {
+    fn client_lease(&mut self) -> LeaseId {
+        LeaseId(self.rng.between(1, CLIENT_LEASES) as i64)
+    }
+
+    /// Mostly a lease granted lately, else one a client picks (which may not exist).
+    fn lease(&mut self) -> LeaseId {
+        match self.rng.pick(self.leases) {
+            Some(&id) if self.rng.chance(0.7) => id,
+            _ => self.client_lease(),
+        }
+    }
+
+    /// A put; some attach the key to a lease, some keep the lease it has.
+    fn put(&mut self) -> PutRequest {
+        let ignore_value = self.rng.chance(0.05);
+        let ignore_lease = self.rng.chance(0.05);
+        let lease = if !ignore_lease && self.rng.chance(0.3) { self.lease() } else { LeaseId(0) };
+        PutRequest {
+            key: key(self.rng),
+            value: if ignore_value { Bytes::new() } else { value(self.op) },
+            prev_kv: self.rng.chance(0.3),
+            ignore_value,
+            lease,
+            ignore_lease,
+        }
     }
 }
 
@@ -87,7 +138,7 @@ fn compare(rng: &mut Rng, current: Revision) -> Compare {
         1 => CompareTarget::Create(if rng.chance(0.5) { Revision(0) } else { recent }),
         2 => CompareTarget::Mod(if rng.chance(0.5) { Revision(0) } else { recent }),
         3 => CompareTarget::Value(Bytes::from(format!("v{}", rng.between(0, 40)))),
-        _ => CompareTarget::Lease(cairn_kv::LeaseId(0)),
+        _ => CompareTarget::Lease(LeaseId(rng.between(0, CLIENT_LEASES) as i64)),
     };
     let result = match rng.between(0, 3) {
         0 => CompareResult::Equal,
@@ -99,23 +150,24 @@ fn compare(rng: &mut Rng, current: Revision) -> Compare {
     Compare { key: key(rng), range_end, target, result }
 }
 
-fn request_op(rng: &mut Rng, op: u64, current: Revision, depth: u32) -> RequestOp {
-    match rng.between(0, 9) {
-        0..=3 => RequestOp::Put(put(rng, op)),
-        4 | 5 => RequestOp::DeleteRange(delete(rng)),
-        6 if depth < 2 => RequestOp::Txn(txn(rng, op, current, depth + 1)),
-        _ => RequestOp::Range(range(rng, current)),
+impl Gen<'_> {
+    fn request_op(&mut self, depth: u32) -> RequestOp {
+        match self.rng.between(0, 9) {
+            0..=3 => RequestOp::Put(self.put()),
+            4 | 5 => RequestOp::DeleteRange(delete(self.rng)),
+            6 if depth < 2 => RequestOp::Txn(self.txn(depth + 1)),
+            _ => RequestOp::Range(range(self.rng, self.current)),
+        }
     }
-}
 
-/// A transaction; its branches may write one key twice, which etcd refuses before proposing
-/// (a certain failure the checker also verifies).
-fn txn(rng: &mut Rng, op: u64, current: Revision, depth: u32) -> TxnRequest {
-    let compares = rng.between(0, 2);
-    TxnRequest {
-        compare: (0..compares).map(|_| compare(rng, current)).collect(),
-        success: (0..rng.between(0, 3)).map(|_| request_op(rng, op, current, depth)).collect(),
-        failure: (0..rng.between(0, 2)).map(|_| request_op(rng, op, current, depth)).collect(),
+    /// A transaction; its branches may write one key twice, which etcd refuses before
+    /// proposing (a certain failure the checker also verifies).
+    fn txn(&mut self, depth: u32) -> TxnRequest {
+        let compares = self.rng.between(0, 2);
+        let compare = (0..compares).map(|_| compare(self.rng, self.current)).collect();
+        let success = (0..self.rng.between(0, 3)).map(|_| self.request_op(depth)).collect();
+        let failure = (0..self.rng.between(0, 2)).map(|_| self.request_op(depth)).collect();
+        TxnRequest { compare, success, failure }
     }
 }
 

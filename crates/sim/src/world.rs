@@ -13,6 +13,7 @@ use cairn_raft::{ConfState, Config, LogIndex, NodeId};
 use crate::checker::{Checker, Violation};
 use crate::clients::Clients;
 use crate::history::History;
+use crate::leases::Leases;
 use crate::member::SimMember;
 use crate::network::{Faults, NetEvent, Network};
 use crate::rng::Rng;
@@ -35,6 +36,7 @@ pub struct World {
     pub(crate) checker: Checker,
     pub(crate) history: History,
     pub(crate) clients: Clients,
+    pub(crate) leases: Leases,
     pub(crate) stats: Stats,
 }
 
@@ -50,6 +52,9 @@ fn replica_config(opts: &Options, id: NodeId) -> ReplicaConfig {
     cfg.snapshot_entries = opts.snapshot_entries;
     cfg.observe = true;
     cfg.planted_bug = opts.replica_bug;
+    // Checkpoints every second of lease time (etcd's interval is 5 minutes), so that leases
+    // of a few seconds get them, and new leaders count down from them.
+    cfg.lease_checkpoint_seconds = 1;
     cfg
 }
 
@@ -73,7 +78,11 @@ impl World {
             members.insert(id, m);
         }
         let faults = Faults { drop: 0.02, duplicate: 0.02, max_delay: 30 };
-        let clients = Clients::new(opts.clients);
+        let cfg = replica_config(&opts, NodeId(1));
+        let clients = Clients::new(opts.clients, cfg.min_lease_ttl());
+        let grace = u64::from(cfg.raft.election_timeout_ticks);
+        let (fast, slow) = (TICK_UNITS - DRIFT_UNITS, TICK_UNITS + DRIFT_UNITS);
+        let leases = Leases::new(fast, slow, cfg.tick_micros, grace);
         Ok(World {
             opts,
             rng,
@@ -84,6 +93,7 @@ impl World {
             checker: Checker::default(),
             history: History::default(),
             clients,
+            leases,
             stats: Stats::default(),
         })
     }
@@ -99,6 +109,7 @@ impl World {
         self.stats.messages = self.net.sent;
         self.stats.proposals = self.clients.writes;
         self.stats.acked = self.stats.kv.writes_acked;
+        self.stats.leases = self.leases.stats;
         Ok(self.stats)
     }
 
@@ -247,9 +258,16 @@ impl World {
                     self.checker.check_persisted(prev_term, &entries)?;
                 }
                 Observed::Applied(a) => {
+                    if self.opts.trace {
+                        let what = a.request.as_ref().map(|(rid, cmd)| (rid.0, cmd));
+                        println!("t={} member {id} applied {}: {what:?}", self.now, a.entry.index);
+                    }
                     self.checker.check_applied(id, last, &a.entry)?;
                     let request = a.request.map(|(rid, cmd)| (rid.0, cmd));
                     self.history.applied(id.0, a.entry.index.0, request, a.outcome)?;
+                    for change in self.history.take_lease_changes() {
+                        self.leases.changed(change, self.now)?;
+                    }
                 }
                 Observed::Installed(meta) => {
                     self.checker.check_installed(id, last, meta.index)?;
@@ -271,8 +289,12 @@ impl World {
         match answer {
             Ok(Reply::Read) => self.serve_read(member, op),
             other => {
-                self.clients.write_answered(&mut self.history, op, other);
-                Ok(())
+                let store = self.members[&member].replica.as_ref().map(|r| r.store());
+                let executed = store.map_or(0, |s| s.executed_index());
+                match self.clients.write_answered(&mut self.history, op, other, executed) {
+                    Some(ack) => self.leases.acknowledged(ack, self.now),
+                    None => Ok(()),
+                }
             }
         }
     }
@@ -343,7 +365,11 @@ impl World {
                 }
             }
             raft.check_invariants();
+            let elections = self.checker.elections;
             self.checker.check_leader(raft)?;
+            if self.checker.elections > elections {
+                self.leases.leader_elected(self.now);
+            }
             self.checker.check_commit(raft, &mut m.seen_commit)?;
             let executed = replica.store().executed_index();
             if executed < m.seen_executed {

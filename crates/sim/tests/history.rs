@@ -194,6 +194,7 @@ fn a_correct_concurrent_history_passes() {
         log_entries: 9,
         publishes: 1,
         executions_checked: 17,
+        ..HistoryStats::default()
     };
     assert_eq!(stats, want);
 }

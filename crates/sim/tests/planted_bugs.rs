@@ -94,6 +94,24 @@ fn catches_snapshots_sent_without_the_store() {
 }
 
 #[test]
+fn catches_leases_expired_before_their_ttl() {
+    let f = first_failure(1..=30, Options::stack_for_seed, |o| {
+        o.replica_bug = Some(ReplicaBug::LeaseExpiresEarly);
+    })
+    .expect("the stack simulator must find leases revoked early");
+    assert!(f.what.contains("revoked as expired"), "unexpected failure: {f:?}");
+}
+
+#[test]
+fn catches_expired_leases_never_revoked() {
+    let f = first_failure(1..=30, Options::stack_for_seed, |o| {
+        o.replica_bug = Some(ReplicaBug::LeaseNeverExpires);
+    })
+    .expect("the stack simulator must find leases that outlive their TTL");
+    assert!(f.what.contains("liveness") && f.what.contains("leases left"), "{f:?}");
+}
+
+#[test]
 fn failures_replay_identically_from_their_seed() {
     let tune = |o: &mut Options| o.replica_bug = Some(ReplicaBug::ReadWithoutIndex);
     let f = first_failure(1..=100, Options::stack_for_seed, tune).expect("a failing seed");

@@ -31,9 +31,8 @@ impl Engine {
     /// The shortest TTL a lease gets, in seconds: one and a half election timeouts, rounded up
     /// (etcd's `minTTL`), so a lease outlives a leader change. Shorter requests get this.
     pub fn min_lease_ttl(&self) -> i64 {
-        let election = self.cfg.tick_interval * self.cfg.election_ticks;
-        let micros = election.as_micros() * 3 / 2;
-        i64::try_from(micros.div_ceil(1_000_000)).unwrap_or(i64::MAX).max(1)
+        let tick = u64::try_from(self.cfg.tick_interval.as_micros()).unwrap_or(u64::MAX);
+        crate::config::min_lease_ttl(tick, self.cfg.election_ticks)
     }
 
     /// Grants a lease of `ttl` seconds (raised to [`Engine::min_lease_ttl`]) under `id`, or under

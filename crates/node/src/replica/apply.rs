@@ -6,7 +6,7 @@ use cairn_kv::{Command, CommandResponse, KvError, Outcome};
 use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, SoftState, Term};
 use cairn_storage::fs::Dir;
 
-use super::{decode_entry, Leadership, Observed, Proposal, Replica, Reply};
+use super::{decode_entry, Leadership, Observed, Proposal, ReadFor, Replica, Reply};
 use crate::config::Bug;
 use crate::error::{EngineError, StorageError};
 use crate::ids::RequestId;
@@ -138,11 +138,15 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         Ok(())
     }
 
-    /// The lease clock follows what was applied: grants start it, revokes stop it.
+    /// The lease clock follows what was applied: grants start it, revokes stop it, cleared
+    /// checkpoints let keepalives be answered.
     fn lessor_applied(&mut self, cmd: &Command, result: &Result<CommandResponse, KvError>) {
         match (cmd, result) {
             (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => self.lessor_granted(*lease),
             (Command::LeaseRevoke { id }, Ok(_)) => self.lessor_revoked(*id),
+            (Command::LeaseCheckpoint { checkpoints }, Ok(_)) => {
+                self.lessor_checkpointed(checkpoints)
+            }
             _ => {}
         }
     }
@@ -205,8 +209,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 break;
             }
             for id in entry.remove() {
-                if let Some(read) = self.reads.take(&id) {
-                    self.work.answers.push((read.token, Ok(Reply::Read)));
+                let Some(read) = self.reads.take(&id) else { continue };
+                match read.purpose {
+                    ReadFor::Store => self.work.answers.push((read.token, Ok(Reply::Read))),
+                    ReadFor::Renew(lease) => self.renew_confirmed(lease, read.token),
+                    ReadFor::Ttl(lease) => self.ttl_confirmed(lease, read.token),
                 }
             }
         }

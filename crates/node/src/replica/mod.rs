@@ -122,6 +122,16 @@ struct Proposal<T> {
 struct Read<T> {
     token: T,
     index: Option<LogIndex>,
+    /// What the caller waits for: a read of the store, or a lease query that needs the
+    /// leadership confirmed first (`lease.rs`).
+    purpose: ReadFor,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum ReadFor {
+    Store,
+    Renew(cairn_kv::LeaseId),
+    Ttl(cairn_kv::LeaseId),
 }
 
 /// One member: the consensus core, its log, the store and everyone waiting on them.
@@ -151,6 +161,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     publisher: Option<publish::Publisher>,
     /// The leader's lease clock.
     lessor: lease::Lessor,
+    /// Keepalives waiting for the log (see `handle_lease_renew`).
+    renewals: Vec<lease::Renewal<T>>,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
     /// A store sync was asked for and not yet reported.
@@ -242,6 +254,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 publish::Publisher::new(a, election, timeout)
             }),
             lessor: lease::Lessor::new(cfg.tick_micros, cfg.lease_revoke_rate),
+            renewals: Vec::new(),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
@@ -271,7 +284,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         let id = self.own_ids.next_id();
         match self.raft.read_index(id.to_ctx()) {
-            Ok(()) => self.reads.register(id, Read { token, index: None }, self.ticks),
+            Ok(()) => {
+                let read = Read { token, index: None, purpose: ReadFor::Store };
+                self.reads.register(id, read, self.ticks);
+            }
             // The only refusal: no leader to ask.
             Err(_) => self.work.answers.push((token, Err(EngineError::NoLeader))),
         }
@@ -301,6 +317,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((r.token, Err(EngineError::Timeout)));
         }
         self.expire_moves();
+        self.expire_renewals();
         self.lessor_tick();
     }
 
@@ -454,6 +471,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((token, Err(err.clone())));
         }
         self.fail_moves(err);
+        self.fail_renewals(err);
         self.proposal_index.clear();
         self.reads_at.clear();
     }
@@ -489,9 +507,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         !conf.is_joint() && conf.voters.len() == 1 && conf.voters.contains(&self.raft.id())
     }
 
-    /// Callers waiting: proposals, reads, physical compactions and leadership moves.
+    /// Callers waiting: proposals, reads, and the others (physical compactions, leadership
+    /// moves, keepalives of expired leases).
     pub fn waiting(&self) -> (usize, usize, usize) {
-        let others = self.physical.len() + self.moves.len();
+        let others = self.physical.len() + self.moves.len() + self.renewals.len();
         (self.proposals.len() + self.incoming.len(), self.reads.len(), others)
     }
 }
