@@ -114,7 +114,11 @@ impl Driver {
     }
 
     fn serve(&mut self) -> Result<(), StorageError> {
-        let mut next_tick = Instant::now() + self.tick;
+        let start = Instant::now();
+        let mut next_tick = start + self.tick;
+        // From here the replica's ticks follow the real clock: callers renewing leases convert
+        // their moment into the tick this loop reaches by then.
+        self.replica.lease_clock().start(start, self.replica.ticks(), self.tick);
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             let first = self.rx.recv_timeout(wait);

@@ -43,6 +43,7 @@ mod engine;
 mod error;
 mod identity;
 mod ids;
+mod lease_clock;
 mod peers;
 mod replica;
 mod request;

@@ -320,6 +320,7 @@ async fn a_new_leader_expires_the_leases_the_old_one_kept() {
     };
     eng(&ms[f]).put(req).await.expect("put with the lease");
     assert_eq!(eng(&ms[f]).lease_keep_alive(lease.id).await, Err(EngineError::NotLeader));
+    assert_eq!(eng(&ms[f]).lease_keep_alive_now(lease.id), Some(Err(EngineError::NotLeader)));
     assert_eq!(eng(&ms[l]).lease_keep_alive(lease.id).await, Ok(min));
     stop(&mut ms[l]);
     let deadline = Instant::now() + Duration::from_secs(15);

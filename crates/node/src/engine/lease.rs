@@ -74,12 +74,28 @@ impl Engine {
     }
 
     /// Renews a lease for its full TTL from now; answers the TTL. Only the leader keeps lease
-    /// time: elsewhere this fails with [`EngineError::NotLeader`] (the server forwards it).
+    /// time: elsewhere this fails with [`EngineError::NotLeader`] (the server forwards it). A
+    /// keepalive for a lease that expired waits for its revoke and fails `LeaseNotFound`.
     pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64, EngineError> {
+        if let Some(answer) = self.lease_keep_alive_now(id) {
+            return answer;
+        }
         match self.ask(|reply| Input::LeaseRenew { id, reply }).await? {
             Reply::LeaseRenewed { ttl } => Ok(ttl),
             _ => Err(EngineError::Internal("a keepalive answered as something else")),
         }
+    }
+
+    /// [`Engine::lease_keep_alive`] on the caller's thread, without waiting: the answer, or
+    /// None when only the driver can give it (then call [`Engine::lease_keep_alive`]). Most
+    /// keepalives are answered here.
+    pub fn lease_keep_alive_now(&self, id: LeaseId) -> Option<Result<i64, EngineError>> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Some(Err(self.stopped()));
+        }
+        let store = &self.shared.store;
+        let (lease, executed) = (store.lease(id), store.executed_index());
+        self.lease_clock.renew(id, lease, executed, std::time::Instant::now()).transpose()
     }
 
     /// A lease's remaining and granted TTL, and its keys if `keys`; as the leader's clock has it

@@ -150,7 +150,7 @@ pub struct Replica<D: Dir, B: Backend, T> {
     /// Publishes this member's attributes, if it has any to publish.
     publisher: Option<publish::Publisher>,
     /// The leader's lease clock.
-    lessor: lease::Lessor,
+    lessor: lease::Lessor<T>,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
     /// A store sync was asked for and not yet reported.
@@ -454,6 +454,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((token, Err(err.clone())));
         }
         self.fail_moves(err);
+        self.fail_lease_waiters(err);
         self.proposal_index.clear();
         self.reads_at.clear();
     }
