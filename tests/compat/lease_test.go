@@ -417,6 +417,42 @@ func TestLeaseKeepAlive(t *testing.T) {
 	}
 }
 
+// Keepalives pipelined on one stream (clientv3 sends one for every lease it holds at once):
+// each is answered, in the order sent, with its lease's TTL, or TTL 0 for a lease that is gone.
+func TestLeaseKeepAlivePipelined(t *testing.T) {
+	defer leaseFailOnPanic(t)
+	t.Parallel()
+	s := startServer(t, "")
+	c := s.client()
+	x := leaseCtx(t)
+	a, b := must(c.Grant(x, 10)), must(c.Grant(x, 20))
+	gone := must(c.Grant(x, 10))
+	must(c.Revoke(x, gone.ID))
+	ttls := map[int64]int64{int64(a.ID): 10, int64(b.ID): 20, int64(gone.ID): 0}
+	ids := []int64{int64(a.ID), int64(b.ID), int64(gone.ID)}
+	stream := must(pb.NewLeaseClient(c.ActiveConnection()).LeaseKeepAlive(x))
+	const n = 3000
+	sent := make(chan error, 1)
+	go func() {
+		for i := 0; i < n; i++ {
+			if err := stream.Send(&pb.LeaseKeepAliveRequest{ID: ids[i%len(ids)]}); err != nil {
+				sent <- err
+				return
+			}
+		}
+		sent <- stream.CloseSend()
+	}()
+	for i := 0; i < n; i++ {
+		resp := must(stream.Recv())
+		if id := ids[i%len(ids)]; resp.ID != id || resp.TTL != ttls[id] {
+			t.Fatalf("answer %d: want lease %x TTL %d, got %+v", i, id, ttls[id], resp)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestLeaseTimeToLiveAndLeases(t *testing.T) {
 	defer leaseFailOnPanic(t)
 	s := startServer(t, "")

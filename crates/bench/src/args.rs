@@ -122,6 +122,16 @@ pub enum Workload {
 }
 
 impl Workload {
+    /// Each client keeps a request in flight on a stream of its own, many streams to a
+    /// connection. With tokio's LIFO slot, each request wakes its connection's task at once,
+    /// which writes it alone: one syscall per request, which cost the client half its CPU
+    /// (lease keepalives, 100 streams on 10 connections). The tool runs such a workload with
+    /// the slot off (`cairn bench`'s runtime), so each connection writes the requests of its
+    /// streams together. Every client still waits for its answer before its next request.
+    pub fn streams_requests(&self) -> bool {
+        matches!(self, Workload::LeaseKeepalive)
+    }
+
     pub fn name(&self) -> &'static str {
         match self {
             Workload::Put => "put",

@@ -32,12 +32,31 @@ pub(crate) type Token = oneshot::Sender<Result<Reply, EngineError>>;
 pub(crate) type EngineReplica = Replica<OsDir, LmdbBackend, Token>;
 
 pub(crate) enum Input {
-    Propose { id: RequestId, data: Bytes, reply: Token },
-    Read { reply: Token },
-    MoveLeader { target: u64, reply: Token },
-    Handover { reply: Token },
-    LeaseRenew { id: cairn_kv::LeaseId, reply: Token },
-    LeaseTtl { id: cairn_kv::LeaseId, reply: Token },
+    Propose {
+        id: RequestId,
+        data: Bytes,
+        reply: Token,
+    },
+    Read {
+        reply: Token,
+    },
+    MoveLeader {
+        target: u64,
+        reply: Token,
+    },
+    Handover {
+        reply: Token,
+    },
+    LeaseRenew {
+        id: cairn_kv::LeaseId,
+        reply: Token,
+    },
+    LeaseTtl {
+        id: cairn_kv::LeaseId,
+        reply: Token,
+    },
+    /// A keepalive took a ticket for a round (`lease_clock.rs`); the turn it causes issues it.
+    LeaseRound,
     Committer(Report),
     Peer(PeerInput),
     Stop,
@@ -114,7 +133,11 @@ impl Driver {
     }
 
     fn serve(&mut self) -> Result<(), StorageError> {
-        let mut next_tick = Instant::now() + self.tick;
+        let start = Instant::now();
+        let mut next_tick = start + self.tick;
+        // From here the replica's ticks follow the real clock: callers renewing leases convert
+        // their moment into the tick this loop reaches by then.
+        self.replica.lease_clock().start(start, self.replica.ticks(), self.tick);
         loop {
             let wait = next_tick.saturating_duration_since(Instant::now());
             let first = self.rx.recv_timeout(wait);
@@ -155,6 +178,8 @@ impl Driver {
             Input::Handover { reply } => self.replica.handle_handover(reply),
             Input::LeaseRenew { id, reply } => self.replica.handle_lease_renew(id, reply),
             Input::LeaseTtl { id, reply } => self.replica.handle_lease_ttl(id, reply),
+            // The replica issues the round the ticket waits for when it processes this turn.
+            Input::LeaseRound => {}
             Input::Committer(Report::Durable(index)) => self.replica.handle_store_durable(index),
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}

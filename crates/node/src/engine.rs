@@ -2,7 +2,7 @@
 
 mod lease;
 
-pub use lease::{KeepAlive, LeaseTimeToLive};
+pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -38,6 +38,8 @@ use crate::watch::{LeadershipWatch, Watch, WatchStream};
 pub struct Engine {
     tx: mpsc::Sender<Input>,
     shared: Arc<Shared>,
+    /// Where keepalives are taken without the driver.
+    lease_clock: Arc<crate::lease_clock::LeaseClock>,
     driver: Mutex<Option<JoinHandle<()>>>,
     ids: RequestIds,
     cfg: EngineConfig,
@@ -118,6 +120,7 @@ impl Engine {
             now_micros(),
         )
         .map_err(EngineError::Open)?;
+        let lease_clock = replica.lease_clock();
         let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
         let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
@@ -147,6 +150,7 @@ impl Engine {
         Ok(Engine {
             tx,
             shared,
+            lease_clock,
             driver: Mutex::new(Some(handle)),
             ids: RequestIds::new(id, now_micros()),
             cfg,

@@ -43,6 +43,7 @@ mod engine;
 mod error;
 mod identity;
 mod ids;
+mod lease_clock;
 mod peers;
 mod replica;
 mod request;
@@ -53,7 +54,7 @@ mod watch;
 #[cfg(feature = "planted-bugs")]
 pub use config::ReplicaBug;
 pub use config::{min_lease_ttl, EngineConfig, ReadMode, ReplicaConfig};
-pub use engine::{Engine, KeepAlive, LeaseTimeToLive};
+pub use engine::{Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 pub use error::{EngineError, OpenError, StopCause, StorageError};
 pub use ids::{RequestId, RequestIds};
 pub use replica::{AppliedEntry, Bootstrap, Leadership, Observed, Replica, Reply, Work};

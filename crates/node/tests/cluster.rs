@@ -320,7 +320,13 @@ async fn a_new_leader_expires_the_leases_the_old_one_kept() {
     };
     eng(&ms[f]).put(req).await.expect("put with the lease");
     assert_eq!(eng(&ms[f]).lease_keep_alive(lease.id).await, Err(EngineError::NotLeader));
+    assert_eq!(eng(&ms[f]).lease_round(), Err(EngineError::NotLeader), "a follower forwards");
     assert_eq!(eng(&ms[l]).lease_keep_alive(lease.id).await, Ok(min));
+    // The leader's callers renew on its clock once a heartbeat round confirmed it leads.
+    let round = eng(&ms[l]).lease_round().expect("the leader takes a ticket");
+    let confirmed = std::future::poll_fn(|cx| eng(&ms[l]).poll_lease_round(round, cx)).await;
+    let renewed = eng(&ms[l]).lease_keep_alive_now(lease.id, confirmed.expect("a quorum"));
+    assert_eq!(renewed, Some(Ok(min)));
     stop(&mut ms[l]);
     let deadline = Instant::now() + Duration::from_secs(15);
     loop {

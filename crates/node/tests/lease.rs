@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_kv::watch::{EventKind, WatchSpec};
 use cairn_kv::*;
-use cairn_node::{Engine, EngineConfig, EngineError};
+use cairn_node::{Engine, EngineConfig, EngineError, LeaseConfirmed};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cairn-lease-{tag}-{}", std::process::id()));
@@ -160,6 +160,74 @@ async fn a_revoke_storm_is_rate_limited_and_writes_go_on() {
     let first = halfway.expect("seen while revoking");
     assert!(all - first >= Duration::from_millis(800), "not rate-limited: {first:?} to {all:?}");
     assert!(slowest < Duration::from_millis(500), "a write waited {slowest:?} during the storm");
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A round that confirms the leadership for keepalives arriving now (`Engine::lease_round`).
+async fn confirmed(e: &Engine) -> LeaseConfirmed {
+    let round = e.lease_round().unwrap();
+    std::future::poll_fn(|cx| e.poll_lease_round(round, cx)).await.expect("a leader confirms")
+}
+
+/// A keepalive is taken on the caller's thread when it can be, once a round confirmed the
+/// leadership, and runs the lease a full TTL from then: not less (it would expire early), and
+/// it does expire once renewals stop.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_runs_a_full_ttl_from_when_it_was_taken() {
+    let dir = temp_dir("renewal");
+    let e = Engine::open(config("renewal", &dir)).unwrap();
+    let (lease, _) = e.lease_grant(LeaseId(0), 2).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let c = confirmed(&e).await;
+    let renewed = Instant::now();
+    assert_eq!(e.lease_keep_alive_now(lease.id, c), Some(Ok(2)), "taken without the driver");
+    let t = e.lease_time_to_live(lease.id, false).await.unwrap();
+    assert!((1..=2).contains(&t.ttl), "counts down from the renewal: {t:?}");
+    let deadline = renewed + Duration::from_secs(5);
+    while exists(&e, lease.id).await {
+        assert!(Instant::now() < deadline, "never expired after the renewal");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(renewed.elapsed() >= Duration::from_secs(2), "expired before its TTL");
+    let c = confirmed(&e).await;
+    let gone = Some(Err(EngineError::Kv(KvError::LeaseNotFound)));
+    assert_eq!(e.lease_keep_alive_now(LeaseId(5), c), gone);
+    e.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// As in etcd, a keepalive for a lease that expired does not bring it back: it waits for the
+/// revoke and finds the lease gone. Revokes are slowed to a hundred a second, so most of the
+/// leases are expired and not yet revoked when their keepalives arrive; a live lease is
+/// renewed meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_keepalive_for_an_expired_lease_waits_for_the_revoke() {
+    let dir = temp_dir("expired");
+    let mut cfg = config("expired", &dir);
+    cfg.lease_revoke_rate = 1; // one a tick: 100 a second
+    let e = Arc::new(Engine::open(cfg).unwrap());
+    let mut ids = Vec::new();
+    for _ in 0..200 {
+        ids.push(e.lease_grant(LeaseId(0), 1).await.unwrap().0.id);
+    }
+    let (live, _) = e.lease_grant(LeaseId(0), 10).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let left = e.leases().len() - 1;
+    assert!(left > 100, "revoked too fast for the test: {left} left");
+    let keepalives: Vec<_> = ids
+        .iter()
+        .map(|&id| {
+            let e = e.clone();
+            tokio::spawn(async move { e.lease_keep_alive(id).await })
+        })
+        .collect();
+    assert_eq!(e.lease_keep_alive(live.id).await, Ok(10));
+    for k in keepalives {
+        let answer = tokio::time::timeout(Duration::from_secs(10), k).await.unwrap().unwrap();
+        assert_eq!(answer, Err(EngineError::Kv(KvError::LeaseNotFound)));
+    }
+    assert_eq!(e.leases().iter().map(|l| l.id).collect::<Vec<_>>(), vec![live.id]);
     e.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }

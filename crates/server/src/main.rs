@@ -178,7 +178,15 @@ async fn shutdown_signal() {
 
 fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
     let json = args.json;
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.enable_all();
+    // As in the server's runtime (see `server_runtime`): a workload with a request in flight on
+    // each of many streams gets its requests written together, a connection's at a time.
+    #[cfg(tokio_unstable)]
+    if args.workload.streams_requests() {
+        builder.disable_lifo_slot();
+    }
+    let rt = builder.build()?;
     let report = rt.block_on(cairn_bench::run(args)).map_err(anyhow::Error::msg)?;
     if json {
         println!("{}", report.json());

@@ -73,12 +73,61 @@ impl Engine {
     }
 
     /// Renews a lease for its full TTL from now; answers the TTL. Only the leader keeps lease
-    /// time: elsewhere this fails with [`EngineError::NotLeader`] (the server forwards it).
+    /// time: elsewhere this fails with [`EngineError::NotLeader`] (the server forwards it). A
+    /// keepalive for a lease that expired waits for its revoke and fails `LeaseNotFound`.
+    ///
+    /// This is the driver's way, a round trip each; a server with many keepalives takes
+    /// [`Engine::lease_round`] and [`Engine::lease_keep_alive_now`] instead.
     pub async fn lease_keep_alive(&self, id: LeaseId) -> Result<i64, EngineError> {
         match self.ask(|reply| Input::LeaseRenew { id, reply }).await? {
             Reply::LeaseRenewed { ttl } => Ok(ttl),
             _ => Err(EngineError::Internal("a keepalive answered as something else")),
         }
+    }
+
+    /// A ticket for keepalives that arrived by now: the heartbeat round that will confirm
+    /// this member still leads, shared with every keepalive that arrives before it is issued.
+    /// `NotLeader` where this member does not lead (forward them).
+    pub fn lease_round(&self) -> Result<LeaseRound, EngineError> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(self.stopped());
+        }
+        let (round, first) = self.lease_clock.want_confirmation()?;
+        if first {
+            // One wake-up of the driver per round, however many keepalives share it; the
+            // replica issues the round on the turn this causes.
+            self.tx.send(Input::LeaseRound).map_err(|_| self.stopped())?;
+        }
+        Ok(LeaseRound(round))
+    }
+
+    /// Whether the leadership is confirmed for `round`: Ready(Some) once it is, which lets
+    /// [`Engine::lease_keep_alive_now`] renew; Ready(None) when the keepalives must go to
+    /// [`Engine::lease_keep_alive`] instead (the round failed, this member stopped leading, or
+    /// the confirmation is too old to lean on); Pending wakes the task when the round ends.
+    pub fn poll_lease_round(
+        &self,
+        round: LeaseRound,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<LeaseConfirmed>> {
+        let now = std::time::Instant::now();
+        self.lease_clock.poll_round(round.0, now, cx).map(|ok| ok.then_some(LeaseConfirmed(())))
+    }
+
+    /// [`Engine::lease_keep_alive`] on the caller's thread, without waiting, once a round has
+    /// confirmed the leadership for it: the answer, or None when only the driver can give it
+    /// (then call [`Engine::lease_keep_alive`]). Most keepalives are answered here.
+    pub fn lease_keep_alive_now(
+        &self,
+        id: LeaseId,
+        _confirmed: LeaseConfirmed,
+    ) -> Option<Result<i64, EngineError>> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Some(Err(self.stopped()));
+        }
+        let store = &self.shared.store;
+        let (lease, executed) = (store.lease(id), store.executed_index());
+        self.lease_clock.renew(id, lease, executed, std::time::Instant::now()).transpose()
     }
 
     /// A lease's remaining and granted TTL, and its keys if `keys`; as the leader's clock has it
@@ -150,3 +199,12 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
         std::thread::park();
     }
 }
+
+/// A keepalive's place in the leadership confirmations ([`Engine::lease_round`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LeaseRound(u64);
+
+/// Proof that a round confirmed the leadership for a keepalive ([`Engine::poll_lease_round`]),
+/// without which [`Engine::lease_keep_alive_now`] does not renew.
+#[derive(Clone, Copy, Debug)]
+pub struct LeaseConfirmed(());

@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_kv::{Command, CommandResponse, KvError, Outcome};
-use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, SoftState, Term};
+use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, Role, SoftState, Term};
 use cairn_storage::fs::Dir;
 
 use super::{decode_entry, Leadership, Observed, Proposal, ReadFor, Replica, Reply};
@@ -211,9 +211,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             for id in entry.remove() {
                 let Some(read) = self.reads.take(&id) else { continue };
                 match read.purpose {
-                    ReadFor::Store => self.work.answers.push((read.token, Ok(Reply::Read))),
-                    ReadFor::Renew(lease) => self.renew_confirmed(lease, read.token),
-                    ReadFor::Ttl(lease) => self.ttl_confirmed(lease, read.token),
+                    ReadFor::Store(token) => self.work.answers.push((token, Ok(Reply::Read))),
+                    ReadFor::Leases { round, term } => {
+                        let led = term == self.raft.term() && self.raft.role() == Role::Leader;
+                        let result = if led { Ok(()) } else { Err(EngineError::NotLeader) };
+                        self.lease_round_ended(round, result);
+                    }
                 }
             }
         }
@@ -245,7 +248,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.leadership = now;
         self.work.leadership = Some(now);
         for read in self.reads.take_where(|r| r.index.is_none()) {
-            self.work.answers.push((read.token, Err(EngineError::LeaderChanged)));
+            self.read_failed(read, EngineError::LeaderChanged);
         }
         self.answer_moves();
     }

@@ -18,6 +18,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap};
+use std::sync::Arc;
 
 use cairn_kv::backend::Backend;
 use cairn_kv::{Command, Lease, LeaseId};
@@ -26,6 +27,7 @@ use cairn_storage::fs::Dir;
 use super::{Read, ReadFor, Replica, Reply};
 use crate::config::Bug;
 use crate::error::EngineError;
+use crate::lease_clock::{span_ticks, ClockState, LeaseClock};
 
 /// Leases a new leader schedules per tick.
 const PROMOTE_PAGE: usize = 20_000;
@@ -38,16 +40,11 @@ const REVOKE_RETRY_TICKS: u64 = 50;
 #[derive(Debug)]
 pub(super) struct Lessor {
     tick_micros: u64,
-    /// Whether this member leads and keeps the clock.
-    primary: bool,
-    /// Executed index from which the leader's store holds every lease committed before it
-    /// took over: renewals and TTLs are answered only from then.
-    ready_at: u64,
-    /// When each scheduled lease expires, in ticks.
-    expiry: HashMap<LeaseId, u64>,
+    /// Leadership and expiries, shared with the engine's callers, who renew leases there.
+    clock: Arc<LeaseClock>,
     /// Leases by the time they are next looked at: at most one entry per lease, at or before
-    /// its expiry (a keepalive only moves `expiry` later; the entry, once due, is put back at
-    /// the new expiry), so keepalives never grow the queue.
+    /// its expiry (a keepalive only moves the expiry later; the entry, once due, is put back
+    /// at the new expiry), so keepalives never grow the queue.
     queue: BinaryHeap<Reverse<(u64, LeaseId)>>,
     /// The time of each lease's entry in `queue`.
     queued: HashMap<LeaseId, u64>,
@@ -67,9 +64,7 @@ impl Lessor {
         let per_tick = revokes_per_second.saturating_mul(tick_micros).div_ceil(1_000_000).max(1);
         Lessor {
             tick_micros,
-            primary: false,
-            ready_at: 0,
-            expiry: HashMap::new(),
+            clock: Arc::new(LeaseClock::new(tick_micros)),
             queue: BinaryHeap::new(),
             queued: HashMap::new(),
             promoting: None,
@@ -78,12 +73,8 @@ impl Lessor {
         }
     }
 
-    /// Ticks that surely span `seconds` from now: one more than the whole ticks in it, since
-    /// now is somewhere inside the current tick (without it a lease could expire up to a tick
-    /// before its TTL).
     fn ticks(&self, seconds: i64) -> u64 {
-        let micros = u64::try_from(seconds).unwrap_or(0).saturating_mul(1_000_000);
-        micros.div_ceil(self.tick_micros) + 1
+        span_ticks(seconds, self.tick_micros)
     }
 
     /// Whole seconds in `ticks`, rounded down (etcd reports remaining TTLs so).
@@ -91,8 +82,8 @@ impl Lessor {
         i64::try_from(ticks.saturating_mul(self.tick_micros) / 1_000_000).unwrap_or(i64::MAX)
     }
 
-    fn schedule(&mut self, id: LeaseId, at: u64) {
-        self.expiry.insert(id, at);
+    fn schedule(&mut self, s: &mut ClockState, id: LeaseId, at: u64) {
+        s.expiry.insert(id, at);
         // An entry at or before `at` will find the new expiry when it comes due.
         if self.queued.get(&id).is_none_or(|q| *q > at) {
             self.queued.insert(id, at);
@@ -101,8 +92,8 @@ impl Lessor {
     }
 
     /// When a lease expires: scheduled, or (while promoting) when it will be.
-    fn expires(&self, lease: &Lease) -> Option<u64> {
-        if let Some(at) = self.expiry.get(&lease.id) {
+    fn expires(&self, s: &ClockState, lease: &Lease) -> Option<u64> {
+        if let Some(at) = s.expiry.get(&lease.id) {
             return Some(*at);
         }
         let (cursor, base) = self.promoting?;
@@ -128,6 +119,21 @@ enum Wait {
     Clear,
 }
 
+/// A keepalive or TimeToLive waiting for the round that confirms the leadership for it
+/// ([`Replica::handle_lease_renew`]).
+#[derive(Debug)]
+pub(super) struct LeaseAsk<T> {
+    round: u64,
+    query: LeaseQuery,
+    token: T,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseQuery {
+    Renew(LeaseId),
+    Ttl(LeaseId),
+}
+
 /// What a new leader counts down from: the last checkpoint, or the full TTL.
 fn remaining(lease: &Lease) -> i64 {
     if lease.remaining_ttl > 0 {
@@ -138,20 +144,35 @@ fn remaining(lease: &Lease) -> i64 {
 }
 
 impl<D: Dir, B: Backend, T> Replica<D, B, T> {
+    /// The clock the engine's callers renew leases on.
+    pub(crate) fn lease_clock(&self) -> Arc<LeaseClock> {
+        self.lessor.clock.clone()
+    }
+
+    /// Ticks of logical time so far.
+    pub(crate) fn ticks(&self) -> u64 {
+        self.ticks
+    }
+
     /// This member became leader: its clock starts; what it inherits is scheduled a page per
     /// tick, after a grace period.
     pub(super) fn lessor_promote(&mut self) {
         let grace = u64::from(self.cfg.raft.election_timeout_ticks);
-        let l = &mut self.lessor;
-        l.primary = true;
-        l.ready_at = self.raft.last_index().0;
-        l.promoting = Some((LeaseId(i64::MIN), self.ticks + grace));
+        let mut s = self.lessor.clock.lock();
+        s.primary = true;
+        s.ready_at = self.raft.last_index().0;
+        drop(s);
+        self.lessor.promoting = Some((LeaseId(i64::MIN), self.ticks + grace));
     }
 
     /// This member no longer leads: it forgets its clock (the next leader keeps its own), and
-    /// keepalives waiting for a revoke it proposed are sent to the next leader.
+    /// keepalives waiting for a revoke or a clear it proposed are sent to the next leader.
     pub(super) fn lessor_demote(&mut self) {
+        let clock = self.lessor.clock.clone();
         self.lessor = Lessor::new(self.cfg.tick_micros, self.cfg.lease_revoke_rate);
+        // The callers renewing on the clock learn it there and come to the driver.
+        clock.demote();
+        self.lessor.clock = clock;
         for r in self.renewals.drain(..) {
             self.work.answers.push((r.token, Err(EngineError::NotLeader)));
         }
@@ -159,9 +180,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// Applied here: a lease was granted. The leader starts its clock.
     pub(super) fn lessor_granted(&mut self, lease: Lease) {
-        if self.lessor.primary {
+        let clock = self.lessor.clock.clone();
+        let mut s = clock.lock();
+        if s.primary {
             let at = self.ticks + self.lease_ticks(lease.ttl);
-            self.lessor.schedule(lease.id, at);
+            self.lessor.schedule(&mut s, lease.id, at);
+            drop(s);
             self.schedule_checkpoint(&lease);
         }
     }
@@ -177,7 +201,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// Applied here: a lease is gone. Keepalives that waited for it learn so.
     pub(super) fn lessor_revoked(&mut self, id: LeaseId) {
-        self.lessor.expiry.remove(&id);
+        let mut s = self.lessor.clock.lock();
+        s.expiry.remove(&id);
+        s.revoking.remove(&id);
+        drop(s);
         // Its queue entry, if any, is dropped when it comes due.
         let (gone, wait): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.renewals).into_iter().partition(|r| r.id == id);
@@ -186,10 +213,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.work.answers.extend(gone.into_iter().map(|r| (r.token, not_found())));
     }
 
-    /// Every waiting keepalive is answered `err` (the replica is stopping).
+    /// Every waiting keepalive and TimeToLive is answered `err` (the replica is stopping).
     pub(super) fn fail_renewals(&mut self, err: &EngineError) {
         for r in self.renewals.drain(..) {
             self.work.answers.push((r.token, Err(err.clone())));
+        }
+        for a in self.lease_asks.drain(..) {
+            self.work.answers.push((a.token, Err(err.clone())));
         }
     }
 
@@ -215,10 +245,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     fn lessor_ready(&self) -> Result<(), EngineError> {
-        if !self.lessor.primary {
+        let s = self.lessor.clock.lock();
+        if !s.primary {
             return Err(EngineError::NotLeader);
         }
-        if self.store.executed_index() < self.lessor.ready_at {
+        if self.store.executed_index() < s.ready_at {
             // Leases granted under the previous leader may not be applied here yet.
             return Err(EngineError::NoLeader);
         }
@@ -228,8 +259,16 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// A keepalive: the lease runs for its full TTL again from now. Answered with its TTL, or
     /// `LeaseNotFound`, or `NotLeader` on a member that does not lead (the caller forwards).
     ///
-    /// Two keepalives are answered only once the log agrees, or a client would be told its
-    /// lease runs a full TTL more and then lose it early:
+    /// Before anything, the leadership is confirmed by a heartbeat round issued after the
+    /// keepalive arrived ([`Replica::issue_lease_round`]), as etcd's `ensureLeadership` does: a
+    /// leader cut off from the others goes on believing it leads for up to two election
+    /// timeouts, and renewed leases, from its stale store, that the new leader expires by its
+    /// own clock (simulator seed 312 of the stack mix with leases). One round serves every
+    /// keepalive and TimeToLive that arrived before it, here and on the engine's callers'
+    /// threads alike (`lease_clock.rs`).
+    ///
+    /// Then two keepalives are answered only once the log agrees, or a client would be told
+    /// its lease runs a full TTL more and then lose it early:
     /// - of a lease that expired, whose revoke is proposed (or will be on the next tick,
     ///   within the revoke rate): it waits for the revoke and is answered `LeaseNotFound`, as
     ///   in etcd (simulator seed 4 of the stack mix with leases found the early revoke);
@@ -238,32 +277,63 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     ///   checkpoint it finds (etcd answers at once and has this race; seed 176 found it).
     ///
     /// A member that stops leading answers them `NotLeader`, and the caller asks the next.
-    ///
-    /// Before anything, the leadership is confirmed as for a linearizable read (ReadIndex), as
-    /// etcd's `ensureLeadership` does: a leader cut off from the others goes on believing it
-    /// leads for up to two election timeouts, and renewed leases, from its stale store, that the
-    /// new leader expires by its own clock (simulator seed 312 of the stack mix with leases).
     pub fn handle_lease_renew(&mut self, id: LeaseId, token: T) {
-        self.confirm_leadership(ReadFor::Renew(id), token);
+        self.confirm_leadership(LeaseQuery::Renew(id), token);
     }
 
     /// A lease's granted and remaining TTL (etcd's TimeToLive), as the leader's clock has it
-    /// once its leadership is confirmed; a lease that does not exist has TTL -1 (not an error,
-    /// as in etcd).
+    /// once its leadership is confirmed, as for a keepalive; a lease that does not exist has
+    /// TTL -1 (not an error, as in etcd).
     pub fn handle_lease_ttl(&mut self, id: LeaseId, token: T) {
-        self.confirm_leadership(ReadFor::Ttl(id), token);
+        self.confirm_leadership(LeaseQuery::Ttl(id), token);
     }
 
-    /// Answers `purpose` once a heartbeat round (or the leader's lease, in lease read mode)
-    /// confirms this member still leads; a member that does not lead answers at once.
-    fn confirm_leadership(&mut self, purpose: ReadFor, token: T) {
-        if let Err(e) = self.lessor_ready() {
-            return self.work.answers.push((token, Err(e)));
+    /// Answers `query` once a round issued after now confirms this member still leads; a
+    /// member that does not lead answers at once.
+    fn confirm_leadership(&mut self, query: LeaseQuery, token: T) {
+        let ticket = self.lessor_ready().and_then(|()| self.lessor.clock.want_round());
+        match ticket {
+            Ok((round, _)) => self.lease_asks.push_back(LeaseAsk { round, query, token }),
+            Err(e) => self.work.answers.push((token, Err(e))),
+        }
+    }
+
+    /// Issues the round that keepalives and TimeToLives wait for, if any waits: a ReadIndex,
+    /// released once a quorum confirmed the leadership (or, in lease read mode, at once while
+    /// the leader's lease holds) and the store executed what was committed then.
+    pub(super) fn issue_lease_round(&mut self) {
+        let Some(round) = self.lessor.clock.issue_round() else { return };
+        // The core may have stepped down before the lessor heard of it; its read would go to
+        // the next leader, and confirm that one's leadership, not this member's.
+        if self.raft.role() != cairn_raft::Role::Leader {
+            return self.lease_round_ended(round, Err(EngineError::NotLeader));
         }
         let id = self.own_ids.next_id();
+        let purpose = ReadFor::Leases { round, term: self.raft.term() };
         match self.raft.read_index(id.to_ctx()) {
-            Ok(()) => self.reads.register(id, Read { token, index: None, purpose }, self.ticks),
-            Err(_) => self.work.answers.push((token, Err(EngineError::NoLeader))),
+            Ok(()) => self.reads.register(id, Read { index: None, purpose }, self.ticks),
+            Err(_) => self.lease_round_ended(round, Err(EngineError::NoLeader)),
+        }
+    }
+
+    /// Tells the engine's callers whether this member leads as the only voter (see
+    /// `LeaseClock::set_sole_voter`).
+    pub(super) fn lessor_sole_voter(&self, sole: bool) {
+        self.lessor.clock.set_sole_voter(sole);
+    }
+
+    /// Round `round` ended: confirmed (its read released in the term it was issued in), or
+    /// not, with the error its waiters get. The engine's callers are woken to renew on the
+    /// clock; the replica's own waiters are answered here.
+    pub(super) fn lease_round_ended(&mut self, round: u64, result: Result<(), EngineError>) {
+        self.lessor.clock.settle_round(round, result.is_ok());
+        while self.lease_asks.front().is_some_and(|a| a.round <= round) {
+            let Some(ask) = self.lease_asks.pop_front() else { break };
+            match (&result, ask.query) {
+                (Err(e), _) => self.work.answers.push((ask.token, Err(e.clone()))),
+                (Ok(()), LeaseQuery::Renew(id)) => self.renew_confirmed(id, ask.token),
+                (Ok(()), LeaseQuery::Ttl(id)) => self.ttl_confirmed(id, ask.token),
+            }
         }
     }
 
@@ -277,13 +347,18 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             Err(e) => return self.work.answers.push((token, Err(e))),
         };
         let deadline = self.ticks + self.cfg.request_timeout_ticks;
-        if self.lessor.expires(&lease).is_some_and(|at| at <= self.ticks) {
+        let clock = self.lessor.clock.clone();
+        let mut s = clock.lock();
+        let expired = s.revoking.contains(&id)
+            || self.lessor.expires(&s, &lease).is_some_and(|at| at <= self.ticks);
+        if expired {
             self.renewals.push(Renewal { id, token, deadline, wait: Wait::Revoke });
             return;
         }
         // From now on, so that checkpoints taken before the clear is applied are not stale.
         let at = self.ticks + self.lease_ticks(lease.ttl);
-        self.lessor.schedule(id, at);
+        self.lessor.schedule(&mut s, id, at);
+        drop(s);
         if lease.remaining_ttl > 0 {
             let clear = Command::LeaseCheckpoint { checkpoints: vec![(id, 0)] };
             if self.propose_own(clear) {
@@ -309,7 +384,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             let answer = match self.store.lease(r.id) {
                 Some(lease) => {
                     let at = self.ticks + self.lease_ticks(lease.ttl);
-                    self.lessor.schedule(r.id, at);
+                    let clock = self.lessor.clock.clone();
+                    self.lessor.schedule(&mut clock.lock(), r.id, at);
                     Ok(Reply::LeaseRenewed { ttl: lease.ttl })
                 }
                 None => Err(EngineError::Kv(cairn_kv::KvError::LeaseNotFound)),
@@ -323,8 +399,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let answer = self.lessor_ready().map(|()| match self.store.lease(id) {
             None => Reply::LeaseTtl { granted: 0, remaining: -1 },
             Some(lease) => {
-                let left =
-                    self.lessor.expires(&lease).map_or(0, |at| at.saturating_sub(self.ticks));
+                let s = self.lessor.clock.lock();
+                let at = self.lessor.expires(&s, &lease);
+                let left = at.map_or(0, |at| at.saturating_sub(self.ticks));
                 Reply::LeaseTtl { granted: lease.ttl, remaining: self.lessor.seconds(left) }
             }
         });
@@ -334,7 +411,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// One tick of the leader's lease clock: schedules a page of inherited leases, revokes
     /// what expired (within the rate), records long leases' remaining TTLs.
     pub(super) fn lessor_tick(&mut self) {
-        if !self.lessor.primary {
+        if !self.lessor.clock.lock().primary {
             return;
         }
         self.promote_page();
@@ -344,21 +421,24 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     fn promote_page(&mut self) {
         let Some((cursor, base)) = self.lessor.promoting else { return };
-        if self.store.executed_index() < self.lessor.ready_at {
+        if self.store.executed_index() < self.lessor.clock.lock().ready_at {
             // The store may not show yet a checkpoint cleared (or a lease revoked) under the
             // previous leader. Waiting costs nothing: nothing expires before `base`, a grace
             // period away, and pages that come late expire late.
             return;
         }
         let page = self.store.lease_page(cursor, PROMOTE_PAGE);
+        let clock = self.lessor.clock.clone();
+        let mut s = clock.lock();
         for lease in &page {
             // A keepalive or a grant since the promotion scheduled it already.
-            if !self.lessor.expiry.contains_key(&lease.id) {
+            if !s.expiry.contains_key(&lease.id) {
                 let at = base + self.lessor.ticks(remaining(lease));
-                self.lessor.schedule(lease.id, at);
+                self.lessor.schedule(&mut s, lease.id, at);
                 self.schedule_checkpoint(lease);
             }
         }
+        drop(s);
         self.lessor.promoting = match page.last() {
             Some(last) if page.len() == PROMOTE_PAGE && last.id.0 < i64::MAX => {
                 Some((LeaseId(last.id.0 + 1), base))
@@ -367,12 +447,16 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         };
     }
 
+    /// Revokes what expired. The clock stays locked throughout, so a keepalive is either taken
+    /// before a lease is found expired (and it is not) or finds it among those revoking.
     fn revoke_expired(&mut self) {
         if self.cfg.has_bug(Bug::LeaseNeverExpires) {
             return;
         }
         let now = self.ticks;
         let mut budget = self.lessor.revoke_budget;
+        let clock = self.lessor.clock.clone();
+        let mut s = clock.lock();
         while budget > 0 {
             let Some(Reverse((at, id))) = self.lessor.queue.peek().copied() else { break };
             if at > now {
@@ -383,9 +467,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 continue; // superseded by an earlier entry for the same lease
             }
             self.lessor.queued.remove(&id);
-            let Some(&expires) = self.lessor.expiry.get(&id) else { continue };
+            let Some(&expires) = s.expiry.get(&id) else { continue };
             if self.store.lease(id).is_none() {
-                self.lessor.expiry.remove(&id);
+                s.expiry.remove(&id);
+                s.revoking.remove(&id);
                 continue; // revoked
             }
             if expires > now {
@@ -395,10 +480,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 continue;
             }
             // Looked at again later, in case the proposal is lost; applying it unschedules it.
-            // Its expiry stays in the past, so keepalives and TimeToLive see it expired. A
-            // proposal the core refused (a leadership transfer under way) is tried again on the
-            // next tick: waiting the full retry let an expired lease live 5 s longer per
-            // transfer (simulator seed 13 of the stack mix with leases).
+            // Its expiry stays in the past and it is marked revoking, so keepalives and
+            // TimeToLive see it expired. A proposal the core refused (a leadership transfer
+            // under way) is tried again on the next tick: waiting the full retry let an expired
+            // lease live 5 s longer per transfer (simulator seed 13 of the stack mix with
+            // leases).
+            s.revoking.insert(id);
             let retry = if self.propose_own(Command::LeaseRevoke { id }) {
                 now + REVOKE_RETRY_TICKS
             } else {
@@ -413,20 +500,22 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     fn checkpoint_due(&mut self) {
         let now = self.ticks;
         let mut batch = Vec::new();
+        let clock = self.lessor.clock.clone();
+        let s = clock.lock();
         while batch.len() < CHECKPOINT_BATCH {
             let Some(Reverse((at, id))) = self.lessor.checkpoints.peek().copied() else { break };
             if at > now {
                 break;
             }
             self.lessor.checkpoints.pop();
-            let (Some(lease), Some(expires)) = (self.store.lease(id), self.lessor.expiry.get(&id))
-            else {
+            let (Some(lease), Some(expires)) = (self.store.lease(id), s.expiry.get(&id)) else {
                 continue;
             };
             let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
             batch.push((id, left));
             self.schedule_checkpoint(&lease);
         }
+        drop(s);
         if !batch.is_empty() {
             // A refused batch is recorded at the next interval; until then a new leader counts
             // down from the previous checkpoint, which is later, never earlier.

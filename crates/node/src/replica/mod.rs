@@ -120,18 +120,18 @@ struct Proposal<T> {
 /// A read waiting for its read index (`None`) or for the store to execute that index.
 #[derive(Debug)]
 struct Read<T> {
-    token: T,
     index: Option<LogIndex>,
-    /// What the caller waits for: a read of the store, or a lease query that needs the
-    /// leadership confirmed first (`lease.rs`).
-    purpose: ReadFor,
+    purpose: ReadFor<T>,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum ReadFor {
-    Store,
-    Renew(cairn_kv::LeaseId),
-    Ttl(cairn_kv::LeaseId),
+/// Who waits for a read.
+#[derive(Debug)]
+enum ReadFor<T> {
+    /// A caller that reads the store.
+    Store(T),
+    /// Whoever waits for this round confirming the leadership for leases (`lease.rs`); a
+    /// read released in a later term confirms nothing.
+    Leases { round: u64, term: Term },
 }
 
 /// One member: the consensus core, its log, the store and everyone waiting on them.
@@ -161,6 +161,9 @@ pub struct Replica<D: Dir, B: Backend, T> {
     publisher: Option<publish::Publisher>,
     /// The leader's lease clock.
     lessor: lease::Lessor,
+    /// Keepalives and TimeToLives waiting for a round to confirm the leadership, in the
+    /// order of their rounds (see `handle_lease_renew`).
+    lease_asks: std::collections::VecDeque<lease::LeaseAsk<T>>,
     /// Keepalives waiting for the log (see `handle_lease_renew`).
     renewals: Vec<lease::Renewal<T>>,
     /// Term and vote as last made durable.
@@ -254,6 +257,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 publish::Publisher::new(a, election, timeout)
             }),
             lessor: lease::Lessor::new(cfg.tick_micros, cfg.lease_revoke_rate),
+            lease_asks: std::collections::VecDeque::new(),
             renewals: Vec::new(),
             synced_term_vote: (hs.term, hs.vote),
             store_sync_pending: false,
@@ -285,11 +289,19 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let id = self.own_ids.next_id();
         match self.raft.read_index(id.to_ctx()) {
             Ok(()) => {
-                let read = Read { token, index: None, purpose: ReadFor::Store };
+                let read = Read { index: None, purpose: ReadFor::Store(token) };
                 self.reads.register(id, read, self.ticks);
             }
             // The only refusal: no leader to ask.
             Err(_) => self.work.answers.push((token, Err(EngineError::NoLeader))),
+        }
+    }
+
+    /// A read that will not be released: its caller, or its round's waiters, get `err`.
+    fn read_failed(&mut self, read: Read<T>, err: EngineError) {
+        match read.purpose {
+            ReadFor::Store(token) => self.work.answers.push((token, Err(err))),
+            ReadFor::Leases { round, .. } => self.lease_round_ended(round, Err(err)),
         }
     }
 
@@ -314,7 +326,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((p.token, Err(err)));
         }
         for r in self.reads.expire(self.ticks) {
-            self.work.answers.push((r.token, Err(EngineError::Timeout)));
+            self.read_failed(r, EngineError::Timeout);
         }
         self.expire_moves();
         self.expire_renewals();
@@ -392,6 +404,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             return Err(StorageError::LogLost { last, commit });
         }
         self.propose_incoming();
+        self.issue_lease_round();
         self.handle_readies(early)?;
         // Once everything committed is applied: the store shows what the cluster holds.
         if self.maybe_publish() {
@@ -400,6 +413,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.incoming_image = None;
         self.outgoing_image = None;
         self.release_reads();
+        // The engine's callers skip rounds while this member's own vote is a quorum.
+        self.lessor_sole_voter(self.is_sole_voter_leader());
         self.release_physical();
         self.maybe_compact_log()?;
         self.maybe_ask_store_sync();
@@ -465,7 +480,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.answers.push((p.token, Err(err.clone())));
         }
         for r in self.reads.drain() {
-            self.work.answers.push((r.token, Err(err.clone())));
+            self.read_failed(r, err.clone());
         }
         for (token, _) in self.physical.drain(..) {
             self.work.answers.push((token, Err(err.clone())));
@@ -508,9 +523,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// Callers waiting: proposals, reads, and the others (physical compactions, leadership
-    /// moves, keepalives of expired leases).
+    /// moves, keepalives and TimeToLives).
     pub fn waiting(&self) -> (usize, usize, usize) {
-        let others = self.physical.len() + self.moves.len() + self.renewals.len();
+        let leases = self.lease_asks.len() + self.renewals.len();
+        let others = self.physical.len() + self.moves.len() + leases;
         (self.proposals.len() + self.incoming.len(), self.reads.len(), others)
     }
 }
