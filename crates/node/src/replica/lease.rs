@@ -260,7 +260,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// `LeaseNotFound`, or `NotLeader` on a member that does not lead (the caller forwards).
     ///
     /// Before anything, the leadership is confirmed by a heartbeat round issued after the
-    /// keepalive arrived ([`Replica::issue_lease_round`]), as etcd's `ensureLeadership` does: a
+    /// keepalive arrived (`Replica::issue_lease_round`), as etcd's `ensureLeadership` does: a
     /// leader cut off from the others goes on believing it leads for up to two election
     /// timeouts, and renewed leases, from its stale store, that the new leader expires by its
     /// own clock (simulator seed 312 of the stack mix with leases). One round serves every
