@@ -251,37 +251,32 @@ impl Watchers {
         self.keys.live()
     }
 
-    fn unindex(&mut self, slot: u32) {
+    /// The index tables that hold `slot`, with its hash in each: by id, then by key for a
+    /// single-key watcher or among the ranges for a range watcher.
+    fn index_entries(&mut self, slot: u32) -> [(&mut HashTable<u32>, u64); 2] {
         let w = &self.slots[slot as usize];
         let hid = self.hash_id(w.id);
-        let found = |t: &mut HashTable<u32>, h: u64| {
-            if let Ok(e) = t.find_entry(h, |&s| s == slot) {
+        let second = if w.single() {
+            (&mut self.by_key, self.hasher.hash_one(w.key(&self.keys)))
+        } else {
+            (&mut self.ranges, hid)
+        };
+        [(&mut self.by_id, hid), second]
+    }
+
+    fn unindex(&mut self, slot: u32) {
+        for (table, hash) in self.index_entries(slot) {
+            if let Ok(e) = table.find_entry(hash, |&s| s == slot) {
                 e.remove();
             }
-        };
-        found(&mut self.by_id, hid);
-        if w.single() {
-            let hkey = self.hash_key(w.key(&self.keys));
-            found(&mut self.by_key, hkey);
-        } else {
-            found(&mut self.ranges, hid);
         }
     }
 
     fn repoint(&mut self, from: u32, to: u32) {
-        let w = &self.slots[from as usize];
-        let hid = self.hash_id(w.id);
-        let fix = |t: &mut HashTable<u32>, h: u64| {
-            if let Some(s) = t.find_mut(h, |&s| s == from) {
+        for (table, hash) in self.index_entries(from) {
+            if let Some(s) = table.find_mut(hash, |&s| s == from) {
                 *s = to;
             }
-        };
-        fix(&mut self.by_id, hid);
-        if w.single() {
-            let hkey = self.hash_key(w.key(&self.keys));
-            fix(&mut self.by_key, hkey);
-        } else {
-            fix(&mut self.ranges, hid);
         }
     }
 
@@ -326,10 +321,14 @@ impl Watchers {
         // Watchers apart, each from its own next revision.
         let apart: Vec<(Revision, i64)> =
             self.apart.range((first, i64::MIN)..=(last, i64::MAX)).copied().collect();
+        // Their slots, to place them again once the run is delivered (nothing moves slots
+        // meanwhile).
+        let mut moved = Vec::with_capacity(apart.len());
         for &(next, id) in &apart {
             self.apart.remove(&(next, id));
             self.apart_next.remove(&id);
             let slot = self.slot(id).expect("indexed");
+            moved.push(slot);
             let w = &self.slots[slot as usize];
             let events = revs.iter().filter(|r| r.revision >= next).flat_map(|r| &r.events);
             hits.extend(events.filter(|e| w.wants(&self.keys, e)).map(|e| (slot, e)));
@@ -341,8 +340,6 @@ impl Watchers {
             }
             self.cohort_next = last.next();
         }
-        let moved: Vec<u32> =
-            apart.iter().map(|&(_, id)| self.slot(id).expect("indexed")).collect();
         for slot in moved {
             self.place(slot, last.next());
         }
