@@ -24,6 +24,8 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tower::ServiceExt;
 
+use crate::coalesce::Coalesced;
+
 /// The connection window: see the module's comment.
 const CONNECTION_WINDOW: u32 = 16 << 20;
 
@@ -60,10 +62,11 @@ pub(crate) async fn serve(
         };
         // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
         let _ = tcp.set_nodelay(true);
+        // Frames written together: see `Coalesced`.
+        let io = TokioIo::new(Coalesced::new(tcp));
         let service =
             router.clone().map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(service));
+        let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             let _ = conn.await;
