@@ -50,12 +50,10 @@ impl<T> Coalesced<T> {
             self.sent += n;
             return 0;
         }
-        self.pending.clear();
+        // Freed, not kept: an idle connection holds no buffer (h2 keeps its own), and one
+        // allocation per flush is small beside the write itself.
+        self.pending = Vec::new();
         self.sent = 0;
-        // An idle connection should not keep a large buffer.
-        if self.pending.capacity() > BUFFER {
-            self.pending.shrink_to(BUFFER);
-        }
         n - held
     }
 }
