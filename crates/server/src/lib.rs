@@ -10,6 +10,7 @@ mod grpc_limit;
 mod http;
 mod lease;
 mod listen;
+mod pipe;
 mod range_stream;
 pub mod services;
 mod streams;

@@ -19,17 +19,14 @@ use cairn_node::{Engine, WatchStream};
 use cairn_proto::mvccpb;
 use cairn_proto::wire::etcdserverpb as wpb;
 use prost::Message;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::kv_pb;
 use crate::errors::status;
+use crate::pipe::{pipe, Sender};
 use crate::services::Ctx;
 
-/// Replies encoded ahead of the client: the rest waits in the engine as history, not here.
-const SEND_AHEAD: usize = 4;
 /// Requests a stream reads ahead of handling them (see `read_requests`).
 const READ_AHEAD: usize = 16 * 1024;
 
@@ -46,8 +43,9 @@ impl wpb::watch_server::Watch for Ctx {
     ) -> Result<Response<Self::WatchStream>, Status> {
         self.check_leader(&req)?;
         let ws = self.engine.watch_stream().map_err(status)?;
-        // Boxed in the queue: every open stream holds its channel's first block of slots.
-        let (tx, rx) = mpsc::channel::<Reply>(SEND_AHEAD);
+        // Replies encoded ahead of the client (`pipe::SLOTS` of them): the rest waits in the
+        // engine as history, not here. Boxed, so the slots of an idle stream stay small.
+        let (tx, rx) = pipe::<Reply>();
         let stream = Box::new(Served {
             engine: self.engine.clone(),
             ws,
@@ -59,8 +57,23 @@ impl wpb::watch_server::Watch for Ctx {
         });
         let stopping = self.stopping.clone();
         tokio::spawn(stream.serve(self.watch_progress_interval, stopping));
-        Ok(Response::new(Box::pin(ReceiverStream::new(rx).map(|r| *r))))
+        Ok(Response::new(Box::pin(rx.map(|r| *r))))
     }
+}
+
+/// What one turn of a stream's loop saw.
+enum Turn {
+    Stopping,
+    Read(Result<Option<wpb::WatchRequest>, Status>),
+    Ready(Result<(), crate::pipe::Closed>),
+    Reply(Result<WatchReply, cairn_node::EngineError>),
+    Tick,
+}
+
+/// How a stream ends, when it ends with a reply.
+enum Last {
+    Error(Status),
+    Stopped,
 }
 
 /// One client's stream, served by one task. Everything here is per open stream, and a member
@@ -72,11 +85,12 @@ struct Served {
     requests: Streaming<wpb::WatchRequest>,
     /// Requests read but not yet handled.
     read: VecDeque<wpb::WatchRequest>,
-    /// How the client's side ended, once it has: handled after the requests before it.
-    ended: Option<Result<(), Status>>,
+    /// How the client's side ended, once it has: handled after the requests before it. Boxed:
+    /// a `Status` is larger than the rest of an idle stream's state together.
+    ended: Option<Box<Result<(), Status>>>,
     /// Responses encoded and waiting for room in the channel, last first.
     outbox: Vec<wpb::WatchResponse>,
-    tx: mpsc::Sender<Reply>,
+    tx: Sender<Reply>,
 }
 
 impl Served {
@@ -98,50 +112,57 @@ impl Served {
         let mut ticker: Option<tokio::time::Interval> = None;
         let stopping = crate::streams::stopped(stopping);
         tokio::pin!(stopping);
-        loop {
+        // The loop only decides; the last reply is sent after it, so that the future does not
+        // hold the send's state beside the loop's (an idle stream's task is mostly this state).
+        let last = loop {
             if let Err(end) = self.handle_read() {
-                if let Some(e) = end {
-                    let _ = self.tx.send(Box::new(Err(e))).await;
-                }
-                return;
+                break end.map(Last::Error);
             }
             if ticker.is_none() && !interval.is_zero() && self.ws.wants_progress_ticks() {
                 ticker = Some(progress_ticker(interval).await);
             }
             let has_outbox = !self.outbox.is_empty();
             let reading = self.ended.is_none() && self.read.len() < READ_AHEAD;
-            tokio::select! {
+            let turn = tokio::select! {
                 biased;
-                // The server is stopping: end the stream so the graceful shutdown need not
-                // wait for a client that never leaves; with etcd's ErrStopped (Unavailable),
-                // which clients take as a cue to resume elsewhere or later, as they do when
-                // etcd goes away.
-                () = &mut stopping => {
-                    let stopped = Box::new(Err(crate::errors::server_stopped()));
-                    let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(stopped)).await;
-                    return;
+                () = &mut stopping => Turn::Stopping,
+                msg = self.requests.message(), if reading => Turn::Read(msg),
+                ready = self.tx.ready(), if has_outbox => Turn::Ready(ready),
+                reply = self.ws.next(), if !has_outbox => Turn::Reply(reply),
+                _ = tick(&mut ticker), if self.ws.wants_progress_ticks() => Turn::Tick,
+            };
+            match turn {
+                Turn::Stopping => break Some(Last::Stopped),
+                Turn::Read(Ok(Some(req))) => self.read.push_back(req),
+                Turn::Read(Ok(None)) => self.ended = Some(Box::new(Ok(()))),
+                Turn::Read(Err(e)) => self.ended = Some(Box::new(Err(e))),
+                Turn::Ready(ready) => {
+                    let reply = Box::new(Ok(self.outbox.pop().expect("checked")));
+                    if ready.and_then(|()| self.tx.push(reply)).is_err() {
+                        break None;
+                    }
                 }
-                msg = self.requests.message(), if reading => match msg {
-                    Ok(Some(req)) => self.read.push_back(req),
-                    Ok(None) => self.ended = Some(Ok(())),
-                    Err(e) => self.ended = Some(Err(e)),
-                },
-                permit = self.tx.reserve(), if has_outbox => match permit {
-                    Ok(p) => p.send(Box::new(Ok(self.outbox.pop().expect("checked")))),
-                    Err(_) => return,
-                },
-                reply = self.ws.next(), if !has_outbox => match reply {
-                    Ok(reply) => {
-                        // Replaced, not extended: an idle stream keeps no spare capacity.
-                        self.outbox = encode(&self.engine, reply);
-                        self.outbox.reverse();
-                    }
-                    Err(e) => {
-                        let _ = self.tx.send(Box::new(Err(status(e)))).await;
-                        return;
-                    }
-                },
-                _ = tick(&mut ticker), if self.ws.wants_progress_ticks() => self.ws.progress_tick(),
+                Turn::Reply(Ok(reply)) => {
+                    // Replaced, not extended: an idle stream keeps no spare capacity.
+                    self.outbox = encode(&self.engine, reply);
+                    self.outbox.reverse();
+                }
+                Turn::Reply(Err(e)) => break Some(Last::Error(status(e))),
+                Turn::Tick => self.ws.progress_tick(),
+            }
+        };
+        match last {
+            None => {}
+            Some(Last::Error(e)) => {
+                let _ = self.tx.send(Box::new(Err(e))).await;
+            }
+            // The server is stopping: end the stream so the graceful shutdown need not wait
+            // for a client that never leaves; with etcd's ErrStopped (Unavailable), which
+            // clients take as a cue to resume elsewhere or later, as they do when etcd goes
+            // away.
+            Some(Last::Stopped) => {
+                let stopped = Box::new(Err(crate::errors::server_stopped()));
+                let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(stopped)).await;
             }
         }
     }
@@ -160,7 +181,7 @@ impl Served {
             }
             return Ok(());
         }
-        match self.ended.take() {
+        match self.ended.take().map(|e| *e) {
             None => Ok(()),
             // The client closed its side, or the connection failed: etcd ends the stream.
             Some(Ok(())) => Err(None),
