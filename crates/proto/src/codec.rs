@@ -15,10 +15,11 @@ use tonic_prost::{ProstCodec, ProstDecoder, ProstEncoder};
 
 /// Starting size of a call's encode and decode buffer.
 const BUFFER_BYTES: usize = 1024;
-/// Starting size for the long-lived Watch streams: each holds its two buffers for as long as it
-/// is open, idle or not, and a member may hold thousands of streams; a reply larger than this
-/// grows the buffer as it would grow any other.
-const STREAM_BUFFER_BYTES: usize = 256;
+/// Starting size for the long-lived Watch streams: none. Each stream holds its two buffers for
+/// as long as it is open, idle or not, and a member may hold thousands of streams; an empty
+/// buffer allocates on first use, as much as the message needs, and keeps it for the next one
+/// (100 idle streams of 100 watchers: 4 bytes less per watcher than 256-byte buffers).
+const STREAM_BUFFER_BYTES: usize = 0;
 /// tonic's default: how much a streaming call encodes before it yields to the runtime.
 const YIELD_THRESHOLD: usize = 32 * 1024;
 

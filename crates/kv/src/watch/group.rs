@@ -277,7 +277,12 @@ impl WatchGroup {
 
     /// The next reply to send.
     pub fn pop(&mut self) -> Option<WatchReply> {
-        self.out.pop_front()
+        let reply = self.out.pop_front();
+        if self.out.is_empty() && self.out.capacity() > 0 {
+            // An idle stream keeps no queue: a member may hold thousands of them.
+            self.out = VecDeque::new();
+        }
+        reply
     }
 
     pub fn has_replies(&self) -> bool {
