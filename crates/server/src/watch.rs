@@ -105,16 +105,19 @@ impl Served {
     async fn serve(
         mut self: Box<Self>,
         interval: Duration,
-        stopping: tokio::sync::watch::Receiver<bool>,
+        mut stopping: tokio::sync::watch::Receiver<bool>,
     ) {
         // Progress notices need a timer only once a watcher asks for them; a zero interval
         // turns them off.
         let mut ticker: Option<tokio::time::Interval> = None;
-        let stopping = crate::streams::stopped(stopping);
-        tokio::pin!(stopping);
         // The loop only decides; the last reply is sent after it, so that the future does not
         // hold the send's state beside the loop's (an idle stream's task is mostly this state).
         let last = loop {
+            // Checked here and waited for in the select, rather than pinned as one future for
+            // the stream's life: that future was a quarter of an idle stream's task.
+            if *stopping.borrow_and_update() {
+                break Some(Last::Stopped);
+            }
             if let Err(end) = self.handle_read() {
                 break end.map(Last::Error);
             }
@@ -125,7 +128,11 @@ impl Served {
             let reading = self.ended.is_none() && self.read.len() < READ_AHEAD;
             let turn = tokio::select! {
                 biased;
-                () = &mut stopping => Turn::Stopping,
+                // A closed channel means the server is gone: stop as well.
+                changed = stopping.changed() => match changed {
+                    Ok(()) => continue,
+                    Err(_) => Turn::Stopping,
+                },
                 msg = self.requests.message(), if reading => Turn::Read(msg),
                 ready = self.tx.ready(), if has_outbox => Turn::Ready(ready),
                 reply = self.ws.next(), if !has_outbox => Turn::Reply(reply),
