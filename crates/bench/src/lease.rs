@@ -28,12 +28,7 @@ where
     let tasks: Vec<_> = (0..a.clients.max(1))
         .map(|c| tokio::spawn(client(conn.clone(), c, next.clone(), a.total)))
         .collect();
-    let mut tally = Tally::new();
-    for t in tasks {
-        if let Ok(part) = t.await {
-            tally.merge(part);
-        }
-    }
+    let tally = crate::merge(tasks).await;
     Ok((tally, start.elapsed(), BTreeMap::new()))
 }
 
