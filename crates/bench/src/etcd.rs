@@ -139,8 +139,22 @@ fn distribution(out: &mut String, s: &Sorted, precise: bool) {
     }
 }
 
-/// The report in etcd's layout, ending as etcd's `fmt.Println` of it ends.
+/// The report in etcd's layout, framed as etcd's command of the same workload frames it: range
+/// prints a title first, put and txn-put print the report with `Println` (one more newline),
+/// the others with `Printf("%s")`.
 pub(crate) fn layout(r: &Report, precise: bool) -> String {
+    let body = report(r, precise);
+    match r.workload.as_str() {
+        "range-l" | "seq-get" | "par-get" => format!("bench with linearizable range\n{body}"),
+        "range-s" => format!("bench with serializable range\n{body}"),
+        "put" | "txn-put" | "seq-put" | "par-put" | "mixed" => body + "\n",
+        _ => body,
+    }
+}
+
+/// etcd's `report.String()`: summary, histogram and distribution when any request succeeded,
+/// then the errors.
+fn report(r: &Report, precise: bool) -> String {
     let s = Sorted::of(r);
     let mut out = String::new();
     if s.count() > 0 {
@@ -154,6 +168,134 @@ pub(crate) fn layout(r: &Report, precise: bool) -> String {
             let _ = writeln!(out, "  [{n}]\t{e}");
         }
     }
-    out.push('\n');
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::{go_g, layout};
+    use crate::report::{Report, Tally};
+
+    /// Stdout of etcd 3.5.17's `benchmark` against etcd 3.5.17, captured once: the progress
+    /// bar, then the report.
+    const PUT: &str = include_str!("../testdata/etcd-3.5.17-put.txt");
+    const PUT_PRECISE: &str = include_str!("../testdata/etcd-3.5.17-put-precise.txt");
+    const RANGE: &str = include_str!("../testdata/etcd-3.5.17-range.txt");
+    const ERRORS: &str = include_str!("../testdata/etcd-3.5.17-put-errors.txt");
+
+    fn report(
+        workload: &str,
+        latencies_us: impl IntoIterator<Item = u64>,
+        errors: &[(&str, u64)],
+    ) -> Report {
+        let mut tally = Tally::new();
+        for us in latencies_us {
+            tally.record(Duration::from_micros(us), Ok(()));
+        }
+        for (e, n) in errors {
+            (0..*n).for_each(|_| tally.record(Duration::ZERO, Err(e.to_string())));
+        }
+        Report {
+            workload: workload.into(),
+            endpoint: "test".into(),
+            server_version: "test".into(),
+            params: Default::default(),
+            elapsed: Duration::from_millis(500),
+            tally,
+            extra: Default::default(),
+        }
+    }
+
+    /// What etcd printed, without its progress bar (a line of its own, drawn with `\r`:
+    /// cairn's goes to standard error).
+    fn etcd_report(captured: &str) -> String {
+        let lines = captured.split_inclusive('\n');
+        lines.filter(|l| !l.contains('\r')).collect()
+    }
+
+    /// A line's layout: its words, punctuation and tabs, with each number as `9` and the
+    /// histogram bars (their lengths depend on the counts) left out.
+    fn shape(text: &str) -> Vec<String> {
+        let lines = text.split('\n');
+        lines
+            .map(|l| {
+                let mut out = String::new();
+                for c in l.chars().filter(|c| *c != '∎') {
+                    let digit = c.is_ascii_digit();
+                    if !(digit && out.ends_with('9')) {
+                        out.push(if digit { '9' } else { c });
+                    }
+                }
+                out
+            })
+            .collect()
+    }
+
+    /// Latencies spread like a run's: most near the low end, a tail to 5 ms.
+    fn spread(n: u64) -> impl Iterator<Item = u64> {
+        (0..n).map(move |i| 500 + (i * i * 4900) / (n * n))
+    }
+
+    #[test]
+    fn the_layout_is_etcds_line_for_line() {
+        let runs = [
+            (PUT, "put", 300, false),
+            (RANGE, "range-l", 1000, false),
+            (PUT_PRECISE, "put", 300, true),
+        ];
+        for (captured, workload, n, precise) in runs {
+            let mut r = report(workload, spread(n), &[]);
+            // A time no rate divides evenly (Go's %g prints 600.0 as "600").
+            r.elapsed = Duration::from_nanos(151_656_716);
+            let ours = layout(&r, precise);
+            assert_eq!(shape(&ours), shape(&etcd_report(captured)), "ours:\n{ours}");
+        }
+        let errors = [("etcdserver: request is too large", 5)];
+        let ours = layout(&report("put", [], &errors), false);
+        assert_eq!(ours, etcd_report(ERRORS));
+    }
+
+    #[test]
+    fn numbers_follow_etcds_rules() {
+        // 1000 latencies of 100, 101, ... 1099 µs in half a second.
+        let out = layout(&report("lease-keepalive", 100..1100, &[]), false);
+        let lines: Vec<&str> = out.lines().collect();
+        for want in [
+            "  Total:\t0.5000 secs.",
+            "  Slowest:\t0.0011 secs.",
+            "  Fastest:\t0.0001 secs.",
+            "  Average:\t0.0006 secs.",
+            "  Stddev:\t0.0003 secs.",
+            "  Requests/sec:\t2000.0000",
+            "  0.0001 [1]\t|",
+            "  0.0011 [100]\t|∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎∎",
+            "  10% in 0.0002 secs.",
+            "  50% in 0.0006 secs.",
+            "  99.9% in 0.0011 secs.",
+        ] {
+            assert!(lines.contains(&want), "no {want:?} in:\n{out}");
+        }
+        let counts: Vec<&str> = lines.iter().filter_map(|l| l.split(['[', ']']).nth(1)).collect();
+        assert_eq!(
+            counts,
+            ["1", "99", "100", "100", "100", "100", "100", "100", "100", "100", "100"]
+        );
+        // Four latencies: each percentile takes the next one, and only three fit.
+        let out = layout(&report("watch-latency", [1000, 2000, 3000, 4000], &[]), false);
+        let dist = out.split("Latency distribution:\n").nth(1).expect("a distribution");
+        assert_eq!(dist, "  10% in 0.0020 secs.\n  25% in 0.0030 secs.\n  50% in 0.0040 secs.\n");
+    }
+
+    #[test]
+    fn precise_numbers_are_gos_g() {
+        assert_eq!(go_g(0.0012573709000000001), "0.0012573709000000001");
+        assert_eq!(go_g(1978.1517621679213), "1978.1517621679213");
+        assert_eq!(go_g(0.0001), "0.0001");
+        assert_eq!(go_g(5.5e-5), "5.5e-05");
+        assert_eq!(go_g(1234567.0), "1.234567e+06");
+        assert_eq!(go_g(100.0), "100");
+        assert_eq!(go_g(0.0), "0");
+    }
 }
