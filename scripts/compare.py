@@ -189,7 +189,8 @@ def bench(endpoint, args, quick):
     try:
         out = subprocess.run([CAIRN, "bench", "--endpoints", endpoint, "--json"] + args,
                              capture_output=True, text=True, timeout=600)
-        if out.returncode != 0:
+        # A run with failed requests exits 1 after printing its record: keep its error counts.
+        if out.returncode != 0 and not out.stdout.startswith("{"):
             return {"error": out.stderr.strip()[-300:] or f"exit status {out.returncode}"}
         return json.loads(out.stdout)["results"]
     except (subprocess.TimeoutExpired, ValueError, KeyError) as e:
@@ -462,7 +463,8 @@ def run_benches(cmds, timeout=600):
             out, err = p.communicate()
             outs.append({"error": "timed out"})
             continue
-        if p.returncode != 0:
+        # A run with failed requests exits 1 after printing its record: keep its error counts.
+        if p.returncode != 0 and not out.startswith("{"):
             outs.append({"error": err.strip()[-300:]})
             continue
         try:

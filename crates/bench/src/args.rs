@@ -19,8 +19,11 @@ pub struct BenchArgs {
     /// Requests to make in all.
     #[arg(long, default_value_t = 10_000, global = true)]
     pub total: u64,
+    /// Key size in bytes: keys are key numbers in decimal, zero-padded to this size (their
+    /// last digits when longer). The T4 presets use 64.
     #[arg(long, default_value_t = 8, global = true)]
     pub key_size: usize,
+    /// Value size in bytes of each put (`--val-size` as in etcd's tool).
     #[arg(long, alias = "val-size", default_value_t = 256, global = true)]
     pub value_size: usize,
     /// Use keys 0, 1, 2, ... instead of random ones.
@@ -35,9 +38,16 @@ pub struct BenchArgs {
     /// Limit to this many requests per second in all; 0 means no limit.
     #[arg(long, default_value_t = 0, global = true)]
     pub rate: u64,
-    /// Print one machine-readable JSON record instead of the text summary.
-    #[arg(long, global = true)]
+    /// Print one machine-readable JSON record instead of the text summary (as `--output json`).
+    #[arg(long, global = true, conflicts_with = "output")]
     pub json: bool,
+    /// How to print the results: `text` (cairn's summary), `json` (one record), or `etcd`
+    /// (the layout of etcd's `benchmark` tool, in seconds, for scripts written for it).
+    #[arg(long, value_enum, default_value_t = Output::Text, global = true)]
+    pub output: Output,
+    /// With `--output etcd`: full floating-point precision, as etcd's `benchmark --precise`.
+    #[arg(long, global = true)]
+    pub precise: bool,
     /// Drive an embedded cairn engine in-process (no gRPC) with its data in this directory.
     #[arg(long, value_name = "DATA_DIR", global = true)]
     pub embedded: Option<PathBuf>,
@@ -54,6 +64,17 @@ pub struct BenchArgs {
     pub idle_watchers: usize,
     #[command(subcommand)]
     pub workload: Workload,
+}
+
+/// The layouts the results can be printed in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    /// cairn's summary: throughput, latency percentiles in µs, the workload's counters.
+    Text,
+    /// One JSON record, every counter included.
+    Json,
+    /// etcd `benchmark`'s summary, histogram and percentile lines, in seconds.
+    Etcd,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -73,6 +94,8 @@ pub enum Workload {
         /// The key to read; with --key-space, keys are drawn from the same space as puts.
         #[arg(default_value = "foo")]
         key: String,
+        /// `l`: linearizable reads (confirmed with the leader); `s`: serializable reads (from
+        /// the member's own store).
         #[arg(long, value_enum, default_value_t = Consistency::L)]
         consistency: Consistency,
     },
@@ -87,6 +110,7 @@ pub enum Workload {
     /// Fan-out: N watchers on one prefix, one writer (sequential puts); counts events delivered
     /// and their rate.
     Watch {
+        /// Watchers on the prefix; each must see every put.
         #[arg(long, default_value_t = 10)]
         watchers: usize,
         /// Watch streams the watchers share, spread over --conns; 0: one stream per watcher.
@@ -98,6 +122,7 @@ pub enum Workload {
     /// Idle watchers: opens N watchers on distinct keys, holds them, and (with --server-pid)
     /// reports the server's RSS growth per watcher.
     WatchIdle {
+        /// Watchers to open, each on a key of its own.
         #[arg(long, default_value_t = 10_000)]
         watchers: usize,
         /// Watch streams the watchers share, spread over --conns.
@@ -111,14 +136,39 @@ pub enum Workload {
     LeaseKeepalive,
     /// Each client grants a lease and revokes it; a grant and its revoke are one request.
     LeaseGrantRevoke,
-    /// T4 preset: sequential puts, one client, 64-byte keys.
+    /// Preset: puts of sequential keys from 1 client, 64-byte keys.
+    ///
+    /// A row of the T4 report's matrix (see shared/design/benchmarks.md). It sets --clients 1,
+    /// --key-size 64 and --sequential-keys, whatever they were given as; --total,
+    /// --value-size, --conns and the rest apply.
     SeqPut,
-    /// T4 preset: puts from 16 clients, 64-byte keys.
+    /// Preset: puts of random keys from 16 clients on at least 4 connections, 64-byte keys.
+    ///
+    /// A row of the T4 report's matrix. It sets --clients 16 and --key-size 64 whatever they
+    /// were given as, and --conns to at least 4; --total, --value-size and the rest apply.
     ParPut,
-    /// T4 preset: reads from one client.
+    /// Preset: linearizable reads from 1 client, 64-byte keys from a key space of 1000.
+    ///
+    /// A row of the T4 report's matrix. It sets --clients 1 and --key-size 64 whatever they
+    /// were given as, and --key-space 1000 unless given; the keys are written once first.
     SeqGet,
-    /// T4 preset: reads from 16 clients.
+    /// Preset: linearizable reads from 16 clients, 64-byte keys from a key space of 1000.
+    ///
+    /// A row of the T4 report's matrix. It sets --clients 16 and --key-size 64 whatever they
+    /// were given as, --conns to at least 4, and --key-space 1000 unless given; the keys are
+    /// written once first.
     ParGet,
+}
+
+impl BenchArgs {
+    /// The layout asked for: `--json` is `--output json`.
+    pub fn output(&self) -> Output {
+        if self.json {
+            Output::Json
+        } else {
+            self.output
+        }
+    }
 }
 
 impl Workload {

@@ -28,12 +28,7 @@ where
     let tasks: Vec<_> = (0..a.clients.max(1))
         .map(|c| tokio::spawn(client(conn.clone(), c, next.clone(), a.total)))
         .collect();
-    let mut tally = Tally::new();
-    for t in tasks {
-        if let Ok(part) = t.await {
-            tally.merge(part);
-        }
-    }
+    let tally = crate::merge(tasks).await;
     Ok((tally, start.elapsed(), BTreeMap::new()))
 }
 
@@ -66,10 +61,10 @@ pub async fn keepalive(conn: &Grpc, a: &BenchArgs) -> Outcome {
         let mut tally = Tally::new();
         let mut lease = pb::lease_client::LeaseClient::new(conn.channel(client));
         let fail = |tally: &mut Tally, e: String| {
-            // Every request this client would have made fails with the same cause.
-            while next.fetch_add(1, Ordering::Relaxed) < total {
-                tally.record(Duration::ZERO, Err(e.clone()));
-            }
+            // Every request not yet made fails with the same cause, at once: one at a time,
+            // a large --total took minutes to fail after the server went away.
+            let made = next.fetch_max(total, Ordering::Relaxed).min(total);
+            *tally.errors.entry(e).or_default() += total - made;
         };
         let id = match lease.lease_grant(pb::LeaseGrantRequest { ttl: TTL_SECS, id: 0 }).await {
             Ok(r) => r.into_inner().id,
@@ -94,20 +89,29 @@ pub async fn keepalive(conn: &Grpc, a: &BenchArgs) -> Outcome {
                 return tally;
             }
         };
+        // A gRPC stream ends at its first error: the request that met it fails, and so does
+        // every request this client had still to make (each was counted twice, the send and
+        // the answer, one at a time until --total).
         loop {
-            let r = match stream.next().await {
-                Some(Ok(_)) => Ok(()),
-                Some(Err(s)) => Err(status_err(s)),
-                None => Err("keepalive stream closed".into()),
+            let ended = match stream.next().await {
+                Some(Ok(_)) => {
+                    tally.record(began.elapsed(), Ok(()));
+                    None
+                }
+                Some(Err(s)) => Some(status_err(s)),
+                None => Some("keepalive stream closed".to_string()),
             };
-            tally.record(began.elapsed(), r);
+            if let Some(e) = ended {
+                tally.record(began.elapsed(), Err(e.clone()));
+                fail(&mut tally, e);
+                break;
+            }
             if next.fetch_add(1, Ordering::Relaxed) >= total {
                 break;
             }
             began = Instant::now();
-            if let Err(e) = tx.send(pb::LeaseKeepAliveRequest { id }).await {
-                tally.record(Duration::ZERO, Err(e.to_string()));
-            }
+            // A send fails only once the call is over; its error is then the stream's next item.
+            let _ = tx.send(pb::LeaseKeepAliveRequest { id }).await;
         }
         tally
     })

@@ -5,18 +5,22 @@
 //! `--conns` gRPC connections. Failed requests are counted and reported by kind, never skipped.
 
 pub mod args;
+mod etcd;
 mod lease;
 mod procfs;
 pub mod report;
 pub mod target;
+#[cfg(test)]
+mod tests;
 mod watch;
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-pub use args::{BenchArgs, Consistency, Workload};
+pub use args::{BenchArgs, Consistency, Output, Workload};
 use indicatif::{ProgressBar, ProgressStyle};
 use report::{Report, Tally};
 use target::{Embedded, Grpc, Target};
@@ -25,6 +29,56 @@ use target::{Embedded, Grpc, Target};
 pub(crate) type Extra = BTreeMap<&'static str, u64>;
 /// What a workload on streams returns: its tally, its duration and its counters.
 pub(crate) type Outcome = Result<(Tally, Duration, Extra), String>;
+
+/// Why `cairn bench` fails once a run is over.
+#[derive(Debug)]
+pub enum BenchError {
+    /// Requests failed: the report was printed, but the run does not count.
+    Failed { failed: u64, requests: u64, most_common: String },
+    /// The report could not be written (a reader that went away is not this).
+    Output(std::io::Error),
+}
+
+impl std::fmt::Display for BenchError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BenchError::Failed { failed, requests, most_common } => {
+                write!(f, "{failed} of {requests} requests failed (most often: {most_common})")
+            }
+            BenchError::Output(e) => write!(f, "writing the report: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+/// Prints the report on standard output, then fails if any request failed.
+pub fn print(report: &Report, output: Output, precise: bool) -> Result<(), BenchError> {
+    write_report(&mut std::io::stdout().lock(), &report.render(output, precise))?;
+    report.failure().map_or(Ok(()), Err)
+}
+
+/// Writes the report. A reader that closed its end (`cairn bench | head -1`) has all it
+/// wanted: that ends the output quietly, as `yes | head` ends, not with a panic.
+fn write_report(w: &mut impl Write, text: &str) -> Result<(), BenchError> {
+    match w.write_all(text.as_bytes()).and_then(|()| w.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => r.map_err(BenchError::Output),
+    }
+}
+
+/// Merges the clients' tallies; a client that panicked counts as a failed request, so the
+/// requests it did not make cannot pass unnoticed.
+pub(crate) async fn merge(tasks: Vec<tokio::task::JoinHandle<Tally>>) -> Tally {
+    let mut tally = Tally::new();
+    for t in tasks {
+        match t.await {
+            Ok(part) => tally.merge(part),
+            Err(e) => tally.record(Duration::ZERO, Err(format!("client task failed: {e}"))),
+        }
+    }
+    tally
+}
 
 /// What each request does, after presets are resolved.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -109,15 +163,18 @@ fn progress(total: u64) -> ProgressBar {
     bar
 }
 
-/// Runs `args.clients` clients until `args.total` requests are made.
+/// Runs `args.clients` clients until `args.total` requests are made. The bar counts requests
+/// done: each client adds its own as they finish, so the count only grows (setting it to the
+/// number of the request just done moved it back whenever an earlier one finished later, and
+/// each move back restarted its rate at 0/s).
 async fn drive<T: Target>(
     target: T,
     a: &BenchArgs,
     op: Op,
     range_key: Vec<u8>,
+    bar: ProgressBar,
 ) -> (Tally, Duration) {
     let next = Arc::new(AtomicU64::new(0));
-    let bar = progress(a.total);
     let start = Instant::now();
     let mut tasks = Vec::new();
     for client in 0..a.clients.max(1) {
@@ -159,19 +216,12 @@ async fn drive<T: Target>(
                     }
                 };
                 tally.record(began.elapsed(), result);
-                if i % 64 == 0 {
-                    bar.set_position(i);
-                }
+                bar.inc(1);
             }
             tally
         }));
     }
-    let mut tally = Tally::new();
-    for t in tasks {
-        if let Ok(part) = t.await {
-            tally.merge(part);
-        }
-    }
+    let tally = merge(tasks).await;
     let elapsed = start.elapsed();
     bar.finish_and_clear();
     (tally, elapsed)
@@ -214,7 +264,7 @@ async fn run_grpc(conn: &Grpc, a: &BenchArgs, op: Option<Op>, range_key: Vec<u8>
             prepare(conn, a, op).await?;
             let streams = a.idle_watchers.div_ceil(watch::IDLE_PER_STREAM);
             let idle = watch::open_idle(conn, a, a.idle_watchers, streams).await?;
-            let (t, e) = drive(conn.clone(), a, op, range_key).await;
+            let (t, e) = drive(conn.clone(), a, op, range_key, progress(a.total)).await;
             let extra = Extra::from([("idle_watchers", a.idle_watchers as u64)]);
             drop(idle);
             Ok((t, e, extra))
@@ -248,7 +298,7 @@ async fn run_embedded(
     }
     let target = Embedded::open(dir)?;
     prepare(&target, a, op).await?;
-    let (tally, elapsed) = drive(target.clone(), a, op, range_key).await;
+    let (tally, elapsed) = drive(target.clone(), a, op, range_key, progress(a.total)).await;
     target.0.stop();
     Ok(Report {
         workload: name.to_string(),

@@ -5,6 +5,9 @@ use std::time::Duration;
 
 use hdrhistogram::Histogram;
 
+use crate::args::Output;
+use crate::BenchError;
+
 /// What one client measured.
 #[derive(Debug)]
 pub struct Tally {
@@ -25,7 +28,8 @@ impl Tally {
         match result {
             Ok(()) => {
                 self.ok += 1;
-                let _ = self.latency_us.record((elapsed.as_micros() as u64).max(1));
+                // Beyond the bounds (over a minute) counts as the bound: never dropped.
+                self.latency_us.saturating_record((elapsed.as_micros() as u64).max(1));
             }
             Err(e) => *self.errors.entry(e).or_default() += 1,
         }
@@ -101,6 +105,26 @@ impl Report {
             }
         }
         out
+    }
+
+    /// The report in the layout asked for, ready to write (it ends with a newline).
+    pub fn render(&self, output: Output, precise: bool) -> String {
+        match output {
+            Output::Text => self.text() + "\n",
+            Output::Json => self.json() + "\n",
+            Output::Etcd => crate::etcd::layout(self, precise),
+        }
+    }
+
+    /// Why the run failed, if any request did: its numbers would not describe a working
+    /// system, so a script must see the failure in the exit status, not only in the report.
+    pub fn failure(&self) -> Option<BenchError> {
+        let (kind, n) = self.tally.errors.iter().max_by_key(|(_, n)| **n)?;
+        Some(BenchError::Failed {
+            failed: self.errors(),
+            requests: self.requests(),
+            most_common: format!("{n} x {kind}"),
+        })
     }
 
     pub fn json(&self) -> String {

@@ -177,7 +177,7 @@ async fn shutdown_signal() {
 }
 
 fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
-    let json = args.json;
+    let (output, precise) = (args.output(), args.precise);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     builder.enable_all();
     // As in the server's runtime (see `server_runtime`): a workload with a request in flight on
@@ -188,12 +188,7 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
     }
     let rt = builder.build()?;
     let report = rt.block_on(cairn_bench::run(args)).map_err(anyhow::Error::msg)?;
-    if json {
-        println!("{}", report.json());
-    } else {
-        println!("{}", report.text());
-    }
-    Ok(())
+    Ok(cairn_bench::print(&report, output, precise)?)
 }
 
 fn main() -> Result<()> {
