@@ -46,7 +46,7 @@ pub struct EngineConfig {
     pub cluster: Option<ClusterConfig>,
     /// The URLs clients reach this member at (etcd's `--advertise-client-urls`). A member of a
     /// cluster publishes them, with its name, through the log (etcd's publish), so that every
-    /// member's `MemberList` shows them; a single member publishes nothing.
+    /// member's `MemberList` shows them; a single member publishes nothing. Default: none.
     pub advertise_client_urls: Vec<String>,
     /// How linearizable reads are confirmed: ReadIndex (the default, etcd's only mode) costs a
     /// heartbeat round per batch; a lease answers from the leader at once, and is safe only

@@ -1,5 +1,5 @@
 // cairn embedded in a program: Cargo.toml has
-//   cairn = { version = "0.1", default-features = false }
+//   cairn = { path = "<cairn checkout>/crates/server", default-features = false }
 //   tokio = { version = "1", features = ["rt-multi-thread", "macros"] }
 // (any executor would do: the engine's futures need no runtime of their own).
 use std::sync::Arc;
@@ -30,6 +30,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let session = PutRequest { lease: lease.id, ..PutRequest::new("app/session", "alive") };
     engine.put(session).await?;
     let keeper = engine.keep_lease_alive(lease.id, lease.ttl);
+    // ... the session's work: its key lives as long as `keeper` does ...
     drop(keeper);
     engine.lease_revoke(lease.id).await?; // its keys go with it
 

@@ -5,7 +5,7 @@
 //! `server` feature, which leaves out the gRPC and HTTP stack, the CLI and the bench:
 //!
 //! ```toml
-//! cairn = { version = "0.1", default-features = false }
+//! cairn = { path = "<cairn checkout>/crates/server", default-features = false }
 //! ```
 //!
 //! [`Engine::open`] blocks while it replays the log; the engine then runs on threads of its
