@@ -3,7 +3,8 @@
 //! 1. formatting (`cargo fmt --check`);
 //! 2. lints (`cargo clippy -D warnings` on every target);
 //! 3. tests (unit, paper, interaction scripts with golden output, property tests, the simulator's
-//!    planted-bug tests, the tidy checks in this crate) and doc tests;
+//!    planted-bug tests, the tidy checks in this crate) and doc tests, then the README's
+//!    embedding program built without the `server` feature;
 //! 4. documentation builds without warnings;
 //! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
 //!    300 seeds at ten times the fault rate, then 300 seeds of the stack mix (every KV operation,
@@ -23,6 +24,7 @@
 //! (default 30m). `cargo xtask sim-soak` runs the long simulation documented for humans: 100,000 core seeds,
 //! 20,000 at twenty times the fault rate with one entry per message, and 100,000 stack seeds.
 
+mod embed;
 mod tidy;
 
 use std::process::{Command, ExitCode};
@@ -146,6 +148,8 @@ fn ci() -> Result<(), String> {
     cargo(&["fmt", "--all", "--check"], &[])?;
     cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])?;
     cargo(&["test", "--workspace"], &[])?;
+    // The README's embedding program, built as an embedder builds it: without the server.
+    cargo(&["run", "--quiet", "-p", "cairn", "--no-default-features", "--example", "embed"], &[])?;
     cargo(&["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
     sim(&["--seeds", "1..1000"])?;
     sim(&["--seeds", "1001..1300", "--chaos", "10"])?;

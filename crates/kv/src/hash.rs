@@ -43,6 +43,7 @@ use crate::types::{Revision, RevisionId};
 /// The answer to `HashKV`, as etcd's `KeyValueHash`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvHash {
+    /// The hash (CRC-32C, as etcd).
     pub hash: u32,
     /// The revision hashed up to (the current one when 0 was asked for).
     pub revision: Revision,

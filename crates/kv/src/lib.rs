@@ -6,23 +6,33 @@
 //! the same semantics, the oracle the store is tested against.
 
 #![deny(clippy::unwrap_used)]
+#![warn(missing_docs)]
 
+// The store's machinery, public for the engine, the storage crate and the simulator; an
+// embedder needs none of it (their docs are hidden).
+#[doc(hidden)]
 pub mod backend;
 mod error;
 mod exec;
 pub mod hash;
+#[doc(hidden)]
 pub mod index;
+#[doc(hidden)]
 pub mod lease;
+#[doc(hidden)]
 pub mod model;
 pub mod range;
+#[doc(hidden)]
 pub mod snapshot;
 mod store;
 mod types;
 pub mod validate;
 pub mod watch;
 
+pub use backend::BackendError;
 pub use error::KvError;
 pub use hash::KvHash;
 pub use snapshot::{ImageMeta, InstallError};
+#[doc(hidden)]
 pub use store::{Applied, History, Outcome, Prepared, Store};
 pub use types::*;

@@ -18,6 +18,7 @@ pub enum KeyRange {
 }
 
 impl KeyRange {
+    /// The range a request's `key` and `range_end` name.
     pub fn new(key: &Bytes, range_end: &Bytes) -> KeyRange {
         if range_end.is_empty() {
             KeyRange::Single(key.clone())
@@ -28,6 +29,7 @@ impl KeyRange {
         }
     }
 
+    /// Whether `k` is in the range.
     pub fn contains(&self, k: &[u8]) -> bool {
         match self {
             KeyRange::Single(key) => k == key.as_ref(),
@@ -36,6 +38,7 @@ impl KeyRange {
         }
     }
 
+    /// The first key of the range.
     pub fn start(&self) -> &Bytes {
         match self {
             KeyRange::Single(k) | KeyRange::From(k) | KeyRange::Between(k, _) => k,

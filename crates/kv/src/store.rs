@@ -175,6 +175,7 @@ impl<B: Backend> Store<B> {
         self.read().exec_current
     }
 
+    /// The compaction point ([`Revision::NEVER_COMPACTED`] before the first).
     pub fn compacted_revision(&self) -> Revision {
         self.read().exec_compacted
     }
@@ -189,10 +190,12 @@ impl<B: Backend> Store<B> {
         self.read().applied_index
     }
 
+    /// The backend's size on disk.
     pub fn size_bytes(&self) -> u64 {
         self.backend.size_bytes()
     }
 
+    /// Keys that exist at the current revision.
     pub fn key_count(&self) -> usize {
         self.read().index.key_count()
     }

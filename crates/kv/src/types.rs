@@ -10,11 +10,13 @@ use bytes::Bytes;
 pub struct Revision(pub i64);
 
 impl Revision {
+    /// The revision of an empty store.
     pub const INITIAL: Revision = Revision(1);
     /// The compaction point of a store never compacted. etcd starts it below zero too, so a first
     /// compaction at revision 0 succeeds (and a second fails as compacted).
     pub const NEVER_COMPACTED: Revision = Revision(-1);
 
+    /// The revision after this one.
     pub fn next(self) -> Revision {
         Revision(self.0 + 1)
     }
@@ -29,7 +31,9 @@ impl fmt::Display for Revision {
 /// Where one change sits: its request's revision and its order within that request.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct RevisionId {
+    /// The request's revision.
     pub main: Revision,
+    /// The change's place within its request (a transaction makes several), from 0.
     pub sub: u32,
 }
 
@@ -40,60 +44,123 @@ pub struct LeaseId(pub i64);
 /// A key's state at some revision, as etcd's `mvccpb.KeyValue`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct KeyValue {
+    /// The key.
     pub key: Bytes,
     /// Revision of the last creation. Equal to `mod_revision` on creation.
     pub create_revision: Revision,
+    /// Revision of the last modification.
     pub mod_revision: Revision,
     /// 1 on creation, +1 per modification; a deletion resets it.
     pub version: i64,
+    /// The value (empty when the read asked for keys only).
     pub value: Bytes,
+    /// The lease the key is attached to; 0 for none.
     pub lease: LeaseId,
 }
 
+/// The order of a Range's results.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortOrder {
+    /// Key order, ascending (the default).
     #[default]
     None,
+    /// Lowest target value first.
     Ascend,
+    /// Highest target value first.
     Descend,
 }
 
+/// The field a Range sorts by.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SortTarget {
+    /// The key (the default).
     #[default]
     Key,
+    /// [`KeyValue::version`].
     Version,
+    /// [`KeyValue::create_revision`].
     Create,
+    /// [`KeyValue::mod_revision`].
     Mod,
+    /// The value, bytewise.
     Value,
 }
 
 /// etcd's `RangeRequest`. An empty `range_end` means `key` alone; `"\0"` means every key at or
-/// after `key`; otherwise the half-open range `[key, range_end)`.
+/// after `key`; otherwise the half-open range `[key, range_end)`. [`RangeRequest::key`],
+/// [`RangeRequest::prefix`] and [`RangeRequest::from_key`] build the common shapes; every field
+/// left at its default (0, empty, false) adds no condition.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeRequest {
+    /// The first key of the range, or the one key read; must not be empty.
     pub key: Bytes,
+    /// The end of the range, exclusive: empty for `key` alone, `"\0"` for every key from `key`
+    /// on ([`crate::range::prefix_end`] gives a prefix's end).
     pub range_end: Bytes,
-    /// 0 means no limit.
+    /// Most keys returned; 0 means no limit.
     pub limit: i64,
-    /// 0 or less means the current revision.
+    /// The revision to read at; 0 or less means the current revision. A compacted revision
+    /// fails with [`crate::KvError::Compacted`].
     pub revision: Revision,
+    /// The order of the results (default: by key).
     pub sort_order: SortOrder,
+    /// What `sort_order` sorts by (default: the key).
     pub sort_target: SortTarget,
+    /// Read this member's state without confirming it is current: faster, possibly stale on
+    /// a member of a cluster. Reads are linearizable by default.
     pub serializable: bool,
+    /// Return keys without their values.
     pub keys_only: bool,
+    /// Return only the count.
     pub count_only: bool,
+    /// Leave out keys modified before this revision (0: no bound).
     pub min_mod_revision: Revision,
+    /// Leave out keys modified after this revision (0: no bound).
     pub max_mod_revision: Revision,
+    /// Leave out keys created before this revision (0: no bound).
     pub min_create_revision: Revision,
+    /// Leave out keys created after this revision (0: no bound).
     pub max_create_revision: Revision,
 }
 
+impl RangeRequest {
+    /// Reads one key.
+    pub fn key(key: impl Into<Bytes>) -> RangeRequest {
+        RangeRequest { key: key.into(), ..RangeRequest::default() }
+    }
+
+    /// Reads every key that starts with `prefix` (every key, for an empty prefix).
+    pub fn prefix(prefix: impl Into<Bytes>) -> RangeRequest {
+        let (key, range_end) = prefix_range(prefix.into());
+        RangeRequest { key, range_end, ..RangeRequest::default() }
+    }
+
+    /// Reads every key at or after `key`.
+    pub fn from_key(key: impl Into<Bytes>) -> RangeRequest {
+        RangeRequest { key: key.into(), range_end: ALL_FROM, ..RangeRequest::default() }
+    }
+}
+
+/// As a `range_end`: every key from the start key on.
+const ALL_FROM: Bytes = Bytes::from_static(b"\0");
+
+/// The `(key, range_end)` of a prefix, as etcd's client builds it: an empty prefix is every
+/// key, from `"\0"` on (an empty key is refused).
+pub(crate) fn prefix_range(prefix: Bytes) -> (Bytes, Bytes) {
+    if prefix.is_empty() {
+        return (ALL_FROM, ALL_FROM);
+    }
+    let end = crate::range::prefix_end(&prefix);
+    (prefix, end)
+}
+
+/// What a Range read.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeResponse {
     /// The store's current revision when the read ran, even for a read at an older revision
     /// (etcd's header revision; Kubernetes pins pagination to it).
     pub revision: Revision,
+    /// The keys read, in the requested order (empty with `count_only`).
     pub kvs: Vec<KeyValue>,
     /// More keys matched than `limit` allowed.
     pub more: bool,
@@ -101,11 +168,16 @@ pub struct RangeResponse {
     pub count: i64,
 }
 
+/// etcd's `PutRequest`: sets a key's value ([`PutRequest::new`] for the common case).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutRequest {
+    /// The key; must not be empty.
     pub key: Bytes,
+    /// The new value.
     pub value: Bytes,
+    /// The lease to attach the key to; 0 (the default) for none.
     pub lease: LeaseId,
+    /// Answer the key's previous state too.
     pub prev_kv: bool,
     /// Keep the current value; the key must exist.
     pub ignore_value: bool,
@@ -113,92 +185,161 @@ pub struct PutRequest {
     pub ignore_lease: bool,
 }
 
+impl PutRequest {
+    /// Sets `key` to `value`, without a lease.
+    pub fn new(key: impl Into<Bytes>, value: impl Into<Bytes>) -> PutRequest {
+        PutRequest { key: key.into(), value: value.into(), ..PutRequest::default() }
+    }
+}
+
+/// What a Put did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PutResponse {
+    /// The revision the put created.
     pub revision: Revision,
+    /// The key's state before, if it existed and the request asked for it.
     pub prev_kv: Option<KeyValue>,
 }
 
+/// etcd's `DeleteRangeRequest`; the range as in [`RangeRequest`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteRangeRequest {
+    /// The first key of the range, or the one key deleted; must not be empty.
     pub key: Bytes,
+    /// The end of the range, exclusive: empty for `key` alone, `"\0"` for every key from `key`
+    /// on.
     pub range_end: Bytes,
+    /// Answer the deleted keys' states.
     pub prev_kv: bool,
 }
 
+impl DeleteRangeRequest {
+    /// Deletes one key.
+    pub fn key(key: impl Into<Bytes>) -> DeleteRangeRequest {
+        DeleteRangeRequest { key: key.into(), ..DeleteRangeRequest::default() }
+    }
+
+    /// Deletes every key that starts with `prefix` (every key, for an empty prefix).
+    pub fn prefix(prefix: impl Into<Bytes>) -> DeleteRangeRequest {
+        let (key, range_end) = prefix_range(prefix.into());
+        DeleteRangeRequest { key, range_end, prev_kv: false }
+    }
+}
+
+/// What a DeleteRange did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeleteRangeResponse {
+    /// The store's revision after the delete (unchanged when nothing was deleted).
     pub revision: Revision,
+    /// How many keys were deleted.
     pub deleted: i64,
+    /// Their states before, when the request asked for them.
     pub prev_kvs: Vec<KeyValue>,
 }
 
 /// What a comparison looks at, with the operand.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CompareTarget {
+    /// The key's version (0 when the key does not exist).
     Version(i64),
+    /// The key's create revision (0 when the key does not exist).
     Create(Revision),
+    /// The key's mod revision (0 when the key does not exist).
     Mod(Revision),
+    /// The key's value.
     Value(Bytes),
+    /// The key's lease (0 for none).
     Lease(LeaseId),
 }
 
+/// How a comparison's target relates to its operand.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CompareResult {
+    /// target == operand
     Equal,
+    /// target > operand
     Greater,
+    /// target < operand
     Less,
+    /// target != operand
     NotEqual,
 }
 
 /// One condition of a transaction; with a `range_end`, every key in the range must satisfy it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Compare {
+    /// The key compared (the first of the range, with a `range_end`).
     pub key: Bytes,
+    /// The end of the range, exclusive, as in [`RangeRequest`]; empty for `key` alone.
     pub range_end: Bytes,
+    /// What is compared, and with what.
     pub target: CompareTarget,
+    /// The relation that must hold.
     pub result: CompareResult,
 }
 
+/// One operation of a transaction branch.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RequestOp {
+    /// A read (at the transaction's revision).
     Range(RangeRequest),
+    /// A put.
     Put(PutRequest),
+    /// A delete.
     DeleteRange(DeleteRangeRequest),
+    /// A nested transaction (etcd 3.3 and later).
     Txn(TxnRequest),
 }
 
+/// The answer to one [`RequestOp`], in the same place.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ResponseOp {
+    /// A read's answer.
     Range(RangeResponse),
+    /// A put's answer.
     Put(PutResponse),
+    /// A delete's answer.
     DeleteRange(DeleteRangeResponse),
+    /// A nested transaction's answer.
     Txn(TxnResponse),
 }
 
+/// etcd's `TxnRequest`: if every comparison holds, the `success` branch runs, otherwise the
+/// `failure` branch; either way in one revision.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxnRequest {
+    /// The conditions; all must hold (none: they hold).
     pub compare: Vec<Compare>,
+    /// What runs when they hold.
     pub success: Vec<RequestOp>,
+    /// What runs when one does not.
     pub failure: Vec<RequestOp>,
 }
 
+/// What a transaction did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TxnResponse {
+    /// The store's revision after the transaction.
     pub revision: Revision,
+    /// Whether the comparisons held (the `success` branch ran).
     pub succeeded: bool,
+    /// The branch's answers, one per operation.
     pub responses: Vec<ResponseOp>,
 }
 
+/// etcd's `CompactionRequest`: discards the history before `revision`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompactRequest {
+    /// Reads and watches below this revision fail as compacted from now on.
     pub revision: Revision,
     /// Answer only once the superseded history is physically removed.
     pub physical: bool,
 }
 
+/// What a compaction answered.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct CompactResponse {
+    /// The store's revision (a compaction does not move it).
     pub revision: Revision,
 }
 
@@ -207,7 +348,9 @@ pub struct CompactResponse {
 /// key space, not in it: no revision, invisible to Range and HashKV.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct MemberAttributes {
+    /// The member's name (`--name`).
     pub name: String,
+    /// Where it serves clients (`--advertise-client-urls`).
     pub client_urls: Vec<String>,
 }
 
@@ -216,6 +359,7 @@ pub struct MemberAttributes {
 /// remaining TTL last checkpointed, and (in the key index) which keys it holds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Lease {
+    /// The lease's id.
     pub id: LeaseId,
     /// Seconds granted; a keepalive renews the lease for this long.
     pub ttl: i64,
@@ -230,28 +374,38 @@ pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 /// A mutating request, as replicated through Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
+    /// A put.
     Put(PutRequest),
+    /// A delete.
     DeleteRange(DeleteRangeRequest),
+    /// A transaction.
     Txn(TxnRequest),
+    /// A compaction.
     Compact(CompactRequest),
     /// A member publishes its attributes; they replace any it published before.
     PublishMember {
+        /// The member's id.
         member: u64,
+        /// What it publishes.
         attributes: MemberAttributes,
     },
     /// Creates a lease. The proposer chose the id (when the client left it 0) and raised the
     /// TTL to the minimum, so every member applies the same values.
     LeaseGrant {
+        /// The lease's id (never 0).
         id: LeaseId,
+        /// Seconds granted.
         ttl: i64,
     },
     /// Deletes a lease and every key attached to it, in one revision.
     LeaseRevoke {
+        /// The lease revoked.
         id: LeaseId,
     },
     /// The leader's record of leases' remaining TTLs, so a new leader or a restart neither
     /// forgets how far they ran nor grants them a full TTL again.
     LeaseCheckpoint {
+        /// Each lease's remaining TTL, in seconds.
         checkpoints: Vec<(LeaseId, i64)>,
     },
 }
@@ -259,19 +413,26 @@ pub enum Command {
 /// The result of applying a [`Command`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CommandResponse {
+    /// A put's answer.
     Put(PutResponse),
+    /// A delete's answer.
     DeleteRange(DeleteRangeResponse),
+    /// A transaction's answer.
     Txn(TxnResponse),
+    /// A compaction's answer.
     Compact(CompactResponse),
     /// The attributes are recorded. Nothing else changed: the revision did not move.
     PublishMember,
     /// The lease exists; the revision did not move.
     LeaseGrant {
+        /// The store's revision.
         revision: Revision,
+        /// The lease as granted.
         lease: Lease,
     },
     /// The lease and its keys are gone; the revision moved if it held keys.
     LeaseRevoke {
+        /// The store's revision after the revoke.
         revision: Revision,
     },
     /// The remaining TTLs are recorded (leases gone meanwhile are skipped).

@@ -199,3 +199,40 @@ fn revisions_versions_and_compaction_boundaries() {
     assert!(matches!(store.events(Revision(3), 10), Ok(History::Compacted(Revision(4)))));
     assert!(store.physically_compacted());
 }
+
+/// The request constructors select what etcd's client options select: one key, a prefix
+/// (`WithPrefix`, where the empty prefix is every key), every key from one on (`WithFromKey`).
+#[test]
+fn constructors_select_a_key_a_prefix_or_everything_from_a_key() {
+    let store = Store::open(MemBackend::default()).expect("an in-memory store opens");
+    let keys = ["a", "app", "app/", "app/1", "app/2", "app0", "b", "\u{7f}\u{7f}"];
+    for (i, k) in keys.iter().enumerate() {
+        let cmd = Command::Put(PutRequest::new(*k, "v"));
+        store.apply(&[(i as u64 + 1, Some(&cmd))]).expect("the put applies");
+    }
+    let read = |req: RangeRequest| -> Vec<String> {
+        let resp = store.range(&req).expect("the range reads");
+        resp.kvs.iter().map(|kv| String::from_utf8_lossy(&kv.key).into_owned()).collect()
+    };
+    assert_eq!(read(RangeRequest::key("app")), ["app"]);
+    assert_eq!(read(RangeRequest::prefix("app/")), ["app/", "app/1", "app/2"]);
+    assert_eq!(read(RangeRequest::prefix("app")), ["app", "app/", "app/1", "app/2", "app0"]);
+    assert_eq!(read(RangeRequest::prefix("")), keys, "the empty prefix is every key");
+    // ... and as a request etcd accepts: its key is not empty.
+    let all = vec![
+        RequestOp::Range(RangeRequest::prefix("")),
+        RequestOp::DeleteRange(DeleteRangeRequest::prefix("")),
+    ];
+    assert_eq!(check_txn(&txn(all, vec![]), DEFAULT_MAX_TXN_OPS), Ok(()));
+    assert_eq!(read(RangeRequest::from_key("app0")), ["app0", "b", "\u{7f}\u{7f}"]);
+    let del = DeleteRangeRequest::prefix("app/");
+    let prefix = RangeRequest::prefix("app/");
+    assert_eq!((&del.key, &del.range_end), (&prefix.key, &prefix.range_end));
+    let watch = watch::WatchSpec::prefix("");
+    assert!(["a", "\u{7f}\u{7f}"].iter().all(|k| watch.range().contains(k.as_bytes())));
+    assert!(watch::WatchSpec::prefix("app/").range().contains(b"app/1"));
+    assert!(!watch::WatchSpec::prefix("app/").range().contains(b"app0"));
+    assert!(watch::WatchSpec::key("a").range().contains(b"a"));
+    let put = PutRequest::new("k", "v");
+    assert_eq!((put.key, put.value, put.lease), (b("k"), b("v"), LeaseId(0)));
+}

@@ -14,26 +14,34 @@ pub const DEFAULT_TOKEN: &str = "etcd-cluster";
 /// Whether the cluster is being founded or this member joins a running one.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ClusterState {
+    /// Found the cluster with the listed members (`--initial-cluster-state new`, the default).
     #[default]
     New,
+    /// Join a running cluster (`--initial-cluster-state existing`).
     Existing,
 }
 
 /// One member as `--initial-cluster` names it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberSpec {
+    /// The member's name.
     pub name: String,
+    /// Its id, derived from its peer URLs and the cluster token as etcd derives it.
     pub id: u64,
+    /// Where its peers reach it.
     pub peer_urls: Vec<String>,
 }
 
 /// The cluster this member belongs to, and where it accepts its peers.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterConfig {
+    /// The cluster's id, derived from every member's id and the token as etcd derives it.
     pub cluster_id: u64,
+    /// This member's id.
     pub local_id: u64,
     /// Every member, this one included, in `--initial-cluster` order.
     pub members: Vec<MemberSpec>,
+    /// Founding the cluster, or joining it.
     pub state: ClusterState,
     /// `--listen-peer-urls`.
     pub listen_peer_urls: Vec<String>,
@@ -45,9 +53,19 @@ pub enum ClusterError {
     /// An `--initial-cluster` item is not `name=url`.
     Malformed(String),
     /// `--initial-cluster` does not name this member.
-    NotListed { name: String },
+    NotListed {
+        /// This member's name (`--name`).
+        name: String,
+    },
     /// This member's URLs in `--initial-cluster` differ from `--initial-advertise-peer-urls`.
-    UrlMismatch { name: String, listed: Vec<String>, advertised: Vec<String> },
+    UrlMismatch {
+        /// This member's name.
+        name: String,
+        /// Its URLs in `--initial-cluster`.
+        listed: Vec<String>,
+        /// Its `--initial-advertise-peer-urls`.
+        advertised: Vec<String>,
+    },
     /// Two members share a peer URL.
     DuplicateUrl(String),
     /// Two members' URLs hash to the same id (only if the same URLs are listed twice).

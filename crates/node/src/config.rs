@@ -16,6 +16,8 @@ use crate::cluster::ClusterConfig;
 pub struct EngineConfig {
     /// Human-readable member name.
     pub name: String,
+    /// Where the member keeps its write-ahead log and database (`member/` under it), created
+    /// if missing. One engine at a time may use it: [`crate::Engine::open`] locks it.
     pub data_dir: PathBuf,
     /// Length of one Raft tick (etcd's `--heartbeat-interval`). Default 100 ms.
     pub tick_interval: Duration,
@@ -44,7 +46,7 @@ pub struct EngineConfig {
     pub cluster: Option<ClusterConfig>,
     /// The URLs clients reach this member at (etcd's `--advertise-client-urls`). A member of a
     /// cluster publishes them, with its name, through the log (etcd's publish), so that every
-    /// member's `MemberList` shows them; a single member publishes nothing.
+    /// member's `MemberList` shows them; a single member publishes nothing. Default: none.
     pub advertise_client_urls: Vec<String>,
     /// How linearizable reads are confirmed: ReadIndex (the default, etcd's only mode) costs a
     /// heartbeat round per batch; a lease answers from the leader at once, and is safe only
@@ -59,6 +61,8 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// A single member named `name` with its data in `data_dir`, and every other field at its
+    /// default (etcd's, where etcd has the setting).
     pub fn new(name: &str, data_dir: impl AsRef<Path>) -> EngineConfig {
         EngineConfig {
             name: name.to_string(),
@@ -138,11 +142,13 @@ pub struct ReplicaConfig {
     /// often (etcd's `LeaseCheckpointInterval`, 5 minutes). The simulator shortens it so that
     /// checkpoints happen within a run.
     pub lease_checkpoint_seconds: u64,
+    /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
 }
 
 impl ReplicaConfig {
+    /// The defaults around a consensus configuration.
     pub fn new(raft: cairn_raft::Config) -> ReplicaConfig {
         ReplicaConfig {
             raft,

@@ -34,6 +34,11 @@ use crate::shared::{Shared, Status};
 use crate::watch::{LeadershipWatch, Watch, WatchStream};
 
 /// An embedded cairn: open it on a data directory and call it from async code.
+///
+/// The engine runs on threads of its own (the Raft driver, the store's committer, and for a
+/// cluster the peer transport's), so its futures need no particular async runtime: they wait
+/// on channels that those threads answer. Share it between tasks behind an `Arc`. Dropping it
+/// stops it ([`Engine::stop`]).
 #[derive(Debug)]
 pub struct Engine {
     tx: mpsc::Sender<Input>,
@@ -87,9 +92,16 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
 }
 
 impl Engine {
-    /// Opens (or creates) the engine's data directory, replays the log (blocking until every
-    /// entry committed before a restart is applied again), and starts the driver thread. A new
-    /// directory founds a single-member cluster, which elects itself before this returns.
+    /// Opens (or creates) the engine's data directory, replays the log, and starts the driver
+    /// thread. A new directory founds a single-member cluster, which elects itself before this
+    /// returns.
+    ///
+    /// This blocks the calling thread until every entry committed before a restart is applied
+    /// again, which takes longer the more entries the log holds since its last compaction (up
+    /// to about [`EngineConfig::snapshot_entries`]). In async code,
+    /// call it before the runtime starts or through the runtime's way to block (tokio's
+    /// `spawn_blocking` or `block_in_place`). It fails with [`EngineError::Open`] when the
+    /// directory is unusable or another engine holds it.
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
         let member = cfg.data_dir.join("member");
         std::fs::create_dir_all(&member).map_err(io_err("create", &member))?;
@@ -158,6 +170,7 @@ impl Engine {
         })
     }
 
+    /// The member's state, as `Maintenance.Status` reports it.
     pub fn status(&self) -> Status {
         let mut s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner()).clone();
         s.revision = self.shared.store.current_revision();
@@ -178,6 +191,7 @@ impl Engine {
         (self.shared.cluster_id, self.shared.member_id)
     }
 
+    /// The Raft term this member is in.
     pub fn raft_term(&self) -> u64 {
         self.shared.raft_term.load(Ordering::Relaxed)
     }
@@ -190,6 +204,7 @@ impl Engine {
         Some(self.shared.leader.load(Ordering::Relaxed)).filter(|l| *l != 0)
     }
 
+    /// The configuration the engine was opened with.
     pub fn config(&self) -> &EngineConfig {
         &self.cfg
     }
@@ -217,7 +232,9 @@ impl Engine {
         self.ask(|reply| Input::Handover { reply }).await.map(|_| ())
     }
 
-    /// Stops the driver thread; pending requests fail with [`EngineError::Stopped`].
+    /// Stops the engine: waits for the driver thread to end. Pending and later requests fail
+    /// with [`EngineError::Stopped`] ([`StopCause::Shutdown`]); what was acknowledged is in the
+    /// log, which the next [`Engine::open`] replays. Idempotent; dropping the engine stops it.
     pub fn stop(&self) {
         let _ = self.tx.send(Input::Stop);
         if let Some(h) = self.driver.lock().unwrap_or_else(|e| e.into_inner()).take() {
@@ -278,6 +295,7 @@ impl Engine {
         }
     }
 
+    /// etcd's `Put`: sets a key's value, in a new revision.
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, EngineError> {
         match self.propose(Command::Put(req)).await? {
             CommandResponse::Put(r) => Ok(r),
@@ -285,6 +303,7 @@ impl Engine {
         }
     }
 
+    /// etcd's `DeleteRange`: deletes a key or a range of keys, in one revision.
     pub async fn delete_range(
         &self,
         req: DeleteRangeRequest,
@@ -295,6 +314,7 @@ impl Engine {
         }
     }
 
+    /// etcd's `Txn`: compares, then runs one branch, atomically and in one revision.
     pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, EngineError> {
         match self.propose(Command::Txn(req)).await? {
             CommandResponse::Txn(r) => Ok(r),
@@ -302,6 +322,8 @@ impl Engine {
         }
     }
 
+    /// etcd's `Compact`: discards the history before a revision (reads and watches from
+    /// before it fail as compacted).
     pub async fn compact(&self, req: CompactRequest) -> Result<CompactResponse, EngineError> {
         match self.propose(Command::Compact(req)).await? {
             CommandResponse::Compact(r) => Ok(r),

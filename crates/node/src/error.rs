@@ -68,17 +68,30 @@ pub enum StorageError {
     /// The store's backend failed.
     Backend(BackendError),
     /// A committed entry does not decode: written by a bug, or damaged past its checksum.
-    Entry { index: LogIndex, error: DecodeError },
+    Entry {
+        /// The entry's log index.
+        index: LogIndex,
+        /// Why it does not decode.
+        error: DecodeError,
+    },
     /// A snapshot the core accepted could not be installed.
     Snapshot(Arc<cairn_kv::snapshot::InstallError>),
     /// The core accepted a snapshot whose image did not arrive with it, or does not match it.
-    SnapshotMissing { index: LogIndex },
+    SnapshotMissing {
+        /// The snapshot's log index.
+        index: LogIndex,
+    },
     /// The thread that commits the store is gone.
     CommitterGone,
     /// The leader knows this member acknowledged entries up to `commit`, but its log ends at
     /// `last`: its data was rolled back. Serving on would risk applying entries the cluster
     /// never committed.
-    LogLost { last: LogIndex, commit: LogIndex },
+    LogLost {
+        /// The last index of this member's log.
+        last: LogIndex,
+        /// The index the leader knows it acknowledged.
+        commit: LogIndex,
+    },
 }
 
 /// Why [`crate::Engine::open`] failed.
@@ -86,11 +99,24 @@ pub enum StorageError {
 #[non_exhaustive]
 pub enum OpenError {
     /// A file or directory of the data directory could not be used.
-    Io { what: &'static str, path: PathBuf, source: Arc<std::io::Error> },
+    Io {
+        /// What was being done ("create", "open", ...).
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
+    },
     /// Another engine (in this or another process) holds the data directory.
-    Locked { dir: PathBuf },
+    Locked {
+        /// The data directory.
+        dir: PathBuf,
+    },
     /// The member id file does not hold a member id.
-    BadMemberId { path: PathBuf },
+    BadMemberId {
+        /// The file.
+        path: PathBuf,
+    },
     /// The write-ahead log could not be opened (damaged, or unreadable).
     Wal(Arc<WalError>),
     /// The store could not be opened.
@@ -102,13 +128,32 @@ pub enum OpenError {
     /// A thread could not be started.
     Spawn(Arc<std::io::Error>),
     /// The data directory belongs to another member than the flags describe.
-    OtherMember { dir: PathBuf, found: u64, expected: u64 },
+    OtherMember {
+        /// The data directory.
+        dir: PathBuf,
+        /// The member id it holds.
+        found: u64,
+        /// The member id the flags give.
+        expected: u64,
+    },
     /// The data directory belongs to another cluster than the flags describe.
-    OtherCluster { dir: PathBuf, found: u64, expected: u64 },
+    OtherCluster {
+        /// The data directory.
+        dir: PathBuf,
+        /// The cluster id it holds.
+        found: u64,
+        /// The cluster id the flags give.
+        expected: u64,
+    },
     /// A peer URL cannot be used.
     PeerUrl(cairn_transport::url::UrlError),
     /// A `--listen-peer-urls` address could not be bound.
-    PeerListen { url: String, source: Arc<std::io::Error> },
+    PeerListen {
+        /// The URL.
+        url: String,
+        /// The operating system's error.
+        source: Arc<std::io::Error>,
+    },
 }
 
 impl EngineError {

@@ -35,10 +35,12 @@ pub struct RequestIds {
 }
 
 impl RequestIds {
+    /// The ids of one member's life, starting from the clock so a restart does not reuse them.
     pub fn new(member: u64, now_micros: u64) -> RequestIds {
         RequestIds { prefix: (member & 0xffff) << COUNTER_BITS, next: AtomicU64::new(now_micros) }
     }
 
+    /// A fresh id.
     pub fn next_id(&self) -> RequestId {
         let n = self.next.fetch_add(1, Ordering::Relaxed);
         RequestId(self.prefix | (n & COUNTER_MASK))

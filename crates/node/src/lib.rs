@@ -5,12 +5,15 @@
 //! applied index in the background. Linearizable reads confirm the read index first;
 //! serializable reads go straight to the store.
 //!
-//! The parts: [`Replica`] is one member as a state machine without threads or clock, driven by
+//! The parts: the replica is one member as a state machine without threads or clock, driven by
 //! inputs (the simulator runs it directly); the driver thread feeds it in production and the
-//! [`committer`] thread makes the store durable; [`Engine`] is the embedding API over both.
+//! committer thread makes the store durable; [`Engine`] is the embedding API over both.
+//!
+//! Embedders depend on the `cairn` crate without its default `server` feature, which
+//! re-exports this crate's embedding API and `cairn_kv` as `cairn::kv`; its docs hold a
+//! complete program.
 //!
 //! ```
-//! use bytes::Bytes;
 //! use cairn_node::{Engine, EngineConfig};
 //! use cairn_kv::{PutRequest, RangeRequest};
 //!
@@ -18,10 +21,9 @@
 //! let rt = tokio::runtime::Runtime::new().unwrap();
 //! rt.block_on(async {
 //!     let engine = Engine::open(EngineConfig::new("doc", &dir)).unwrap();
-//!     let put = PutRequest { key: Bytes::from("greeting"), value: Bytes::from("hello"), ..Default::default() };
-//!     let written = engine.put(put).await.unwrap();
-//!     let read = engine.range(RangeRequest { key: Bytes::from("greeting"), ..Default::default() }).await.unwrap();
-//!     assert_eq!(read.kvs[0].value, Bytes::from("hello"));
+//!     let written = engine.put(PutRequest::new("greeting", "hello")).await.unwrap();
+//!     let read = engine.range(RangeRequest::key("greeting")).await.unwrap();
+//!     assert_eq!(read.kvs[0].value, "hello");
 //!     assert_eq!(read.kvs[0].mod_revision, written.revision);
 //!     let kv = engine.get("greeting").await.unwrap().expect("present");
 //!     assert_eq!(kv.version, 1);
@@ -33,9 +35,14 @@
 //! ```
 
 #![deny(clippy::unwrap_used)]
+#![warn(missing_docs)]
 
 pub mod cluster;
+// The replica's machinery, public for the simulator and the tests; an embedder needs none of
+// it (its docs are hidden).
+#[doc(hidden)]
 pub mod command;
+#[doc(hidden)]
 pub mod committer;
 mod config;
 mod driver;
@@ -51,13 +58,21 @@ mod shared;
 mod waiters;
 mod watch;
 
+pub use cairn_raft::{NodeId, Term};
 #[cfg(feature = "planted-bugs")]
+#[doc(hidden)]
 pub use config::ReplicaBug;
-pub use config::{min_lease_ttl, EngineConfig, ReadMode, ReplicaConfig};
+#[doc(hidden)]
+pub use config::ReplicaConfig;
+pub use config::{min_lease_ttl, EngineConfig, ReadMode};
 pub use engine::{Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 pub use error::{EngineError, OpenError, StopCause, StorageError};
+#[doc(hidden)]
 pub use ids::{RequestId, RequestIds};
-pub use replica::{AppliedEntry, Bootstrap, Leadership, Observed, Replica, Reply, Work};
+pub use replica::Leadership;
+#[doc(hidden)]
+pub use replica::{AppliedEntry, Bootstrap, Observed, Replica, Reply, Work};
+#[doc(hidden)]
 pub use request::{prepare, Limits};
 pub use shared::Status;
 pub use watch::{LeadershipWatch, Watch, WatchStream};

@@ -14,17 +14,26 @@ use crate::replica::Leadership;
 /// What `Maintenance.Status` and the health checks report.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Status {
+    /// This member's id.
     pub member_id: u64,
+    /// The cluster's id.
     pub cluster_id: u64,
+    /// The leader's member id, if this member knows one.
     pub leader: Option<u64>,
+    /// The Raft term this member is in.
     pub raft_term: u64,
+    /// The last index of this member's Raft log.
     pub raft_index: u64,
+    /// The last log index this member applied.
     pub raft_applied_index: u64,
+    /// The store's current revision.
     pub revision: Revision,
     /// Reads below this fail as compacted; [`Revision::NEVER_COMPACTED`] (-1) until the first
     /// compaction, as in etcd.
     pub compact_revision: Revision,
+    /// The database file's size.
     pub db_size_bytes: u64,
+    /// Keys that exist at the current revision.
     pub key_count: u64,
     /// Why the engine stopped, if storage failed.
     pub failure: Option<StorageError>,

@@ -88,6 +88,7 @@ impl WatchStream {
         self.group.len()
     }
 
+    /// Whether the stream has no watchers.
     pub fn is_empty(&self) -> bool {
         self.group.is_empty()
     }

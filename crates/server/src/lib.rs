@@ -1,36 +1,77 @@
 //! cairn: a Raft-replicated, strongly consistent key-value store that speaks the etcd v3 API.
 //!
 //! Run it as a server (`cairn serve`), or embed the engine: [`Engine`] is the same store in
-//! process, with plain Rust types.
+//! process, with plain Rust types. An embedder depends on this crate without its default
+//! `server` feature, which leaves out the gRPC and HTTP stack, the CLI and the bench:
+//!
+//! ```toml
+//! cairn = { path = "<cairn checkout>/crates/server", default-features = false }
+//! ```
+//!
+//! [`Engine::open`] blocks while it replays the log; the engine then runs on threads of its
+//! own, and its futures need no particular async runtime (tokio, smol, async-std, or
+//! `futures::executor::block_on` all do). A complete program (`examples/embed.rs`):
+//!
+//! ```
+#![doc = include_str!("../examples/embed.rs")]
+//! ```
 
+#![warn(missing_docs)]
+
+#[cfg(feature = "server")]
 mod coalesce;
+#[cfg(feature = "server")]
 mod convert;
+#[cfg(feature = "server")]
 mod errors;
+#[cfg(feature = "server")]
 mod grpc_limit;
+#[cfg(feature = "server")]
 mod http;
+#[cfg(feature = "server")]
 mod lease;
+#[cfg(feature = "server")]
 mod listen;
+#[cfg(feature = "server")]
 mod pipe;
+#[cfg(feature = "server")]
 mod range_stream;
-pub mod services;
+#[cfg(feature = "server")]
+mod services;
+#[cfg(feature = "server")]
 mod streams;
+#[cfg(feature = "server")]
 mod watch;
 
+#[cfg(feature = "server")]
 pub use watch::parse_duration;
 
+#[cfg(feature = "server")]
 use std::net::SocketAddr;
+#[cfg(feature = "server")]
 use std::sync::Arc;
 
+pub use bytes::Bytes;
 pub use cairn_kv as kv;
-pub use cairn_node::{Engine, EngineConfig, EngineError, Status};
+pub use cairn_node::cluster;
+pub use cairn_node::{
+    Engine, EngineConfig, EngineError, KeepAlive, Leadership, LeadershipWatch, LeaseConfirmed,
+    LeaseRound, LeaseTimeToLive, NodeId, OpenError, ReadMode, Status, StopCause, StorageError,
+    Term, Watch, WatchStream,
+};
+#[cfg(feature = "server")]
 use cairn_proto::etcdserverpb as pb;
 
 /// What `cairn serve` needs beyond the engine's own configuration (which holds the advertised
 /// client URLs, since a member of a cluster publishes them).
+#[cfg(feature = "server")]
 #[derive(Clone, Debug)]
 pub struct ServeConfig {
+    /// The engine under the server.
     pub engine: EngineConfig,
+    /// `http://host:port` URLs to serve the etcd API and HTTP health on (`--listen-client-urls`).
     pub listen_client_urls: Vec<String>,
+    /// This member's peer URLs, as `MemberList` shows them (`--initial-advertise-peer-urls`).
     pub advertise_peer_urls: Vec<String>,
     /// etcd's `--watch-progress-notify-interval` (default 10 minutes).
     pub watch_progress_interval: std::time::Duration,
@@ -39,6 +80,7 @@ pub struct ServeConfig {
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
+#[cfg(feature = "server")]
 pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
     let rest = url.strip_prefix("http://").ok_or_else(|| {
         format!("{url}: only http:// URLs are supported (TLS is not implemented yet)")
@@ -49,6 +91,7 @@ pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
 }
 
 /// Opens the engine and serves the etcd API (and HTTP health) until `shutdown` resolves.
+#[cfg(feature = "server")]
 pub async fn serve(
     cfg: ServeConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,

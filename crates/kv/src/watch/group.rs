@@ -53,6 +53,7 @@ pub enum CreateError {
 }
 
 impl CreateError {
+    /// etcd's reason, as a refused watch's `cancel_reason` carries it.
     pub fn reason(self) -> &'static str {
         match self {
             CreateError::Compacted => "etcdserver: mvcc: required revision has been compacted",
@@ -66,14 +67,19 @@ impl CreateError {
 /// One reply on the stream (etcd's `WatchResponse`, without the header's ids).
 #[derive(Clone, Debug, Default)]
 pub struct WatchReply {
+    /// The watcher this reply is for; -1 for a progress reply to the whole stream.
     pub watch_id: i64,
     /// The header revision.
     pub revision: Revision,
+    /// The watcher was created (the first reply of each watcher).
     pub created: bool,
+    /// The watcher ended (canceled, compacted, or refused): no more replies for it.
     pub canceled: bool,
     /// Set (with `canceled`) when the watcher's next revision was compacted.
     pub compact_revision: Revision,
+    /// Why the watcher ended, when something other than its owner ended it (etcd's text).
     pub cancel_reason: &'static str,
+    /// The events, whole revisions in revision order; empty in a progress reply.
     pub events: Vec<Arc<Event>>,
     /// Whether the events go out with their prev_kv.
     pub prev_kv: bool,
@@ -98,6 +104,7 @@ pub struct WatchGroup {
 }
 
 impl WatchGroup {
+    /// A group without watchers.
     pub fn new() -> WatchGroup {
         WatchGroup::default()
     }
@@ -170,6 +177,7 @@ impl WatchGroup {
         true
     }
 
+    /// Removes a watcher and queues its `canceled` reply; unknown ids are ignored.
     pub fn cancel(&mut self, id: i64, head: Revision) {
         if self.remove(id) || self.compacted.remove(&id) {
             self.out.push_back(WatchReply {
@@ -285,14 +293,17 @@ impl WatchGroup {
         reply
     }
 
+    /// Whether replies wait in the queue.
     pub fn has_replies(&self) -> bool {
         !self.out.is_empty()
     }
 
+    /// Watchers in the group.
     pub fn len(&self) -> usize {
         self.watchers.len()
     }
 
+    /// Whether the group has no watchers.
     pub fn is_empty(&self) -> bool {
         self.watchers.len() == 0
     }

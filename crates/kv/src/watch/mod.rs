@@ -27,13 +27,16 @@ use crate::types::{KeyValue, Revision};
 /// What happened to a key.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EventKind {
+    /// The key was created or changed.
     Put,
+    /// The key was deleted (or its lease revoked).
     Delete,
 }
 
 /// One change, as a watcher receives it (etcd's `mvccpb.Event`).
 #[derive(Debug)]
 pub struct Event {
+    /// A put or a delete.
     pub kind: EventKind,
     /// For a put, the key's new state; for a delete, only the key and the deletion's revision
     /// (as etcd).
@@ -46,6 +49,7 @@ pub struct Event {
 }
 
 impl Event {
+    /// An event, with no encoding kept yet.
     pub fn new(kind: EventKind, kv: KeyValue, prev_kv: Option<KeyValue>) -> Event {
         Event { kind, kv, prev_kv, wire: Default::default() }
     }
@@ -77,11 +81,14 @@ impl Event {
 /// Every event of one revision, in the order the request made them.
 #[derive(Debug)]
 pub struct RevisionEvents {
+    /// The revision.
     pub revision: Revision,
+    /// Its events.
     pub events: Vec<Arc<Event>>,
 }
 
 impl RevisionEvents {
+    /// Bytes these events hold, for the ring's budget.
     pub fn size_bytes(&self) -> usize {
         self.events.iter().map(|e| e.size_bytes()).sum()
     }
@@ -91,8 +98,11 @@ impl RevisionEvents {
 /// store's first revision has none), so the run says what it covers.
 #[derive(Clone, Debug)]
 pub struct EventRun {
+    /// The first revision covered.
     pub first: Revision,
+    /// The last revision covered.
     pub last: Revision,
+    /// The revisions that have events, in order.
     pub revisions: Vec<Arc<RevisionEvents>>,
 }
 
@@ -119,6 +129,7 @@ pub struct EventRing {
 pub const RING_BYTES: usize = 16 << 20;
 
 impl EventRing {
+    /// An empty ring of `max_bytes`.
     pub fn new(max_bytes: usize) -> EventRing {
         EventRing { revisions: VecDeque::new(), bytes: 0, max_bytes }
     }
@@ -138,19 +149,23 @@ impl EventRing {
         }
     }
 
+    /// The ring's budget.
     pub fn max_bytes(&self) -> usize {
         self.max_bytes
     }
 
+    /// Forgets every revision.
     pub fn clear(&mut self) {
         self.revisions.clear();
         self.bytes = 0;
     }
 
+    /// The oldest revision held.
     pub fn first(&self) -> Option<Revision> {
         self.revisions.front().map(|r| r.revision)
     }
 
+    /// The newest revision held.
     pub fn last(&self) -> Option<Revision> {
         self.revisions.back().map(|r| r.revision)
     }
@@ -191,8 +206,11 @@ pub struct WatchSpec {
     /// The first revision to deliver: 0 means the one after the current revision; an older one
     /// replays history; a negative one is refused.
     pub start_revision: Revision,
+    /// Deliver each event with the key's state before it.
     pub prev_kv: bool,
+    /// Leave out puts.
     pub no_put: bool,
+    /// Leave out deletes.
     pub no_delete: bool,
     /// Periodic empty responses while the watcher is idle and synced.
     pub progress_notify: bool,
@@ -203,6 +221,18 @@ pub struct WatchSpec {
 }
 
 impl WatchSpec {
+    /// Watches one key, from the next write.
+    pub fn key(key: impl Into<Bytes>) -> WatchSpec {
+        WatchSpec { key: key.into(), ..WatchSpec::default() }
+    }
+
+    /// Watches every key that starts with `prefix` (every key, for an empty prefix), from the
+    /// next write.
+    pub fn prefix(prefix: impl Into<Bytes>) -> WatchSpec {
+        let (key, range_end) = crate::types::prefix_range(prefix.into());
+        WatchSpec { key, range_end, ..WatchSpec::default() }
+    }
+
     /// The key range with etcd's rules for watches (an empty key is `"\0"`).
     pub fn range(&self) -> crate::range::KeyRange {
         let key = if self.key.is_empty() { Bytes::from_static(b"\0") } else { self.key.clone() };

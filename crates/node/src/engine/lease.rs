@@ -16,6 +16,7 @@ use crate::replica::Reply;
 /// A lease's state as etcd's `LeaseTimeToLive` reports it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LeaseTimeToLive {
+    /// The lease asked about.
     pub id: LeaseId,
     /// Seconds left, rounded down; -1 when the lease does not exist.
     pub ttl: i64,

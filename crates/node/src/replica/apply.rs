@@ -14,6 +14,7 @@ use crate::ids::RequestId;
 /// A committed entry as one member applied it (reported with `observe`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AppliedEntry {
+    /// The entry.
     pub entry: Entry,
     /// The request id and command a normal entry carries; `None` for a membership change or a
     /// leader's empty entry.

@@ -48,15 +48,25 @@ pub enum Reply {
     /// The member asked for leads now (or there was no leadership to hand over).
     LeaderMoved,
     /// A keepalive renewed the lease for this many seconds.
-    LeaseRenewed { ttl: i64 },
+    LeaseRenewed {
+        /// The lease's TTL.
+        ttl: i64,
+    },
     /// A lease's granted TTL and the seconds it has left (-1: no such lease).
-    LeaseTtl { granted: i64, remaining: i64 },
+    LeaseTtl {
+        /// Seconds granted.
+        granted: i64,
+        /// Seconds left.
+        remaining: i64,
+    },
 }
 
 /// A change of leadership, as this member sees it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Leadership {
+    /// The leader's member id, or `None` while there is none (an election is under way).
     pub leader: Option<NodeId>,
+    /// The Raft term this is true in.
     pub term: Term,
 }
 
@@ -98,7 +108,12 @@ impl<T> Default for Work<T> {
 pub enum Observed {
     /// Entries written to the log (replacing any suffix from their first index on);
     /// `prev_term` is the term of the entry before the first, as the log held it.
-    Persisted { prev_term: Option<Term>, entries: Vec<Entry> },
+    Persisted {
+        /// The term of the entry before the first.
+        prev_term: Option<Term>,
+        /// The entries written.
+        entries: Vec<Entry>,
+    },
     /// A committed entry applied, with what executing it produced.
     Applied(AppliedEntry),
     /// A snapshot from a leader installed in the store and the log.
@@ -188,7 +203,9 @@ pub struct Replica<D: Dir, B: Backend, T> {
 /// cluster, or nothing for a member that joins one and learns it from the leader.
 #[derive(Clone, Debug)]
 pub enum Bootstrap {
+    /// Found a cluster of these voters.
     Founding(ConfState),
+    /// Join a running cluster.
     Joining,
 }
 
@@ -503,10 +520,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         &self.raft
     }
 
+    /// The store this replica executes into.
     pub fn store(&self) -> &Arc<Store<B>> {
         &self.store
     }
 
+    /// This member's id.
     pub fn id(&self) -> NodeId {
         self.raft.id()
     }
