@@ -1,5 +1,5 @@
-//! Serving one client listener: HTTP/1 and HTTP/2 on the same port (gRPC and the health
-//! endpoints), with a graceful stop.
+//! Serving one client listener: HTTP/1 and HTTP/2 on the same port (gRPC over HTTP/2, and the
+//! health and version endpoints), with a graceful stop.
 //!
 //! axum's own `serve` would do, but it leaves hyper's HTTP/2 settings at their defaults, and one
 //! of them matters here: since h2 0.4.16, a connection whose unread small DATA frames exceed a
@@ -14,7 +14,6 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
@@ -33,7 +32,7 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 /// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait.
 pub(crate) async fn serve(
     listener: TcpListener,
-    router: Router,
+    router: crate::http::Dispatch,
     stop: watch::Receiver<bool>,
     max_streams: u32,
 ) {
