@@ -3,6 +3,7 @@
 //! Run it as a server (`cairn serve`), or embed the engine: [`Engine`] is the same store in
 //! process, with plain Rust types.
 
+mod authority;
 mod convert;
 mod errors;
 mod grpc_limit;

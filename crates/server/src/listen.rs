@@ -61,8 +61,9 @@ pub(crate) async fn serve(
         let _ = tcp.set_nodelay(true);
         let service =
             router.clone().map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(tcp), TowerToHyperService::new(service));
+        // etcdctl 3.4 sends a URL as :authority, which h2 refuses: see `authority`.
+        let io = TokioIo::new(crate::authority::FixAuthority::new(tcp));
+        let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             let _ = conn.await;

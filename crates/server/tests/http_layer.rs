@@ -218,3 +218,84 @@ async fn unimplemented_calls_are_named() {
     let status = call(s.port, "/etcdserverpb.Maintenance/Defragment").await;
     assert_eq!(status.message(), "cairn does not implement Maintenance.Defragment yet");
 }
+
+fn h2_frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("a small frame").to_be_bytes();
+    let mut f = len[1..].to_vec();
+    f.extend_from_slice(&[ty, flags]);
+    f.extend_from_slice(&stream.to_be_bytes());
+    f.extend_from_slice(payload);
+    f
+}
+
+/// HPACK's "literal with incremental indexing" of `value` under the static table's name `index`
+/// (short strings, no Huffman).
+fn literal(index: u8, value: &str) -> Vec<u8> {
+    let mut b = vec![0x40 | index, u8::try_from(value.len()).expect("a short value")];
+    b.extend_from_slice(value.as_bytes());
+    b
+}
+
+/// Two Maintenance.Status calls on one HTTP/2 connection, their headers encoded as grpc-go does
+/// (the first adds `:authority` and the rest to the dynamic table, the second refers to them),
+/// as etcdctl 3.4's `endpoint status` sends them. Returns each call's grpc-status and message.
+async fn status_calls(port: u16, authority: &str) -> Vec<(String, Vec<u8>)> {
+    let mut first = vec![0x83, 0x86]; // :method POST, :scheme http
+    first.extend(literal(1, authority));
+    first.extend(literal(4, "/etcdserverpb.Maintenance/Status"));
+    first.extend(literal(31, "application/grpc"));
+    first.extend([0x40, 2, b't', b'e', 8]);
+    first.extend_from_slice(b"trailers");
+    // The dynamic table now holds te (62), content-type, :path and :authority (65).
+    let second = vec![0x83, 0x86, 0x80 | 65, 0x80 | 64, 0x80 | 63, 0x80 | 62];
+    let mut out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    out.extend(h2_frame(0x4, 0, 0, &[]));
+    for (stream, block) in [(1, first), (3, second)] {
+        out.extend(h2_frame(0x1, 0x4, stream, &block));
+        out.extend(h2_frame(0x0, 0x1, stream, &grpc_frame(&pb::StatusRequest {})));
+    }
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", port)).await.expect("connect");
+    tcp.write_all(&out).await.expect("send");
+    let mut decoder = loona_hpack::Decoder::new();
+    let mut got: Vec<(String, Vec<u8>)> = vec![Default::default(); 2];
+    let mut ended = 0;
+    let read = async {
+        while ended < 2 {
+            let mut head = [0u8; 9];
+            tcp.read_exact(&mut head).await.expect("a frame");
+            let len = usize::from(head[0]) << 16 | usize::from(head[1]) << 8 | usize::from(head[2]);
+            let mut payload = vec![0; len];
+            tcp.read_exact(&mut payload).await.expect("a frame's payload");
+            let stream = u32::from_be_bytes([head[5], head[6], head[7], head[8]]);
+            let call = (stream as usize).saturating_sub(1) / 2;
+            match head[3] {
+                0x0 => got[call].1.extend_from_slice(&payload),
+                0x1 => {
+                    for (name, value) in decoder.decode(&payload).expect("a header block") {
+                        if name == b"grpc-status" {
+                            got[call].0 = String::from_utf8(value).expect("UTF-8");
+                        }
+                    }
+                    ended += usize::from(head[4] & 0x1 != 0);
+                }
+                0x3 => panic!("stream {stream} reset: {payload:?}"),
+                0x7 => panic!("connection closed (GOAWAY): {payload:?}"),
+                _ => {}
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read).await.expect("answers within 10 s");
+    got
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_as_authority_is_accepted_as_etcd_does() {
+    let s = server("authority").await;
+    for authority in [format!("http://127.0.0.1:{}", s.port), format!("127.0.0.1:{}", s.port)] {
+        for (status, message) in status_calls(s.port, &authority).await {
+            assert_eq!(status, "0", "{authority}");
+            let r = pb::StatusResponse::decode(&message[5..]).expect("a StatusResponse");
+            assert_eq!(r.version, cairn::services::ETCD_COMPATIBLE_VERSION, "{authority}");
+        }
+    }
+}
