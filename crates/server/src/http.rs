@@ -166,23 +166,17 @@ pub(crate) fn unimplemented_message(path: &str) -> String {
     }
 }
 
-/// Names the call in every `Unimplemented` answer that has no message of its own: tonic's answer
-/// to an unknown service or method is an empty one, which leaves an operator guessing.
-pub(crate) async fn name_unimplemented(
-    req: Request<Body>,
-    next: axum::middleware::Next,
-) -> Response {
-    let path = req.uri().path().to_owned();
-    let mut resp = next.run(req).await;
+/// Names the call in an `Unimplemented` answer that has no message of its own: tonic's answer to
+/// an unknown service or method is an empty one, which leaves an operator guessing.
+fn name_unimplemented(path: &str, resp: &mut Response) {
     let h = resp.headers();
     let unimplemented = h.get(tonic::Status::GRPC_STATUS).is_some_and(|s| s == "12");
     let silent = h.get(tonic::Status::GRPC_MESSAGE).is_none_or(|m| m.is_empty());
     if unimplemented && silent {
-        let status = tonic::Status::unimplemented(unimplemented_message(&path));
+        let status = tonic::Status::unimplemented(unimplemented_message(path));
         // Only fails for a message that cannot be a header, and the message here always can.
         let _ = status.add_header(resp.headers_mut());
     }
-    resp
 }
 
 /// Sends gRPC requests (see [`is_grpc`]) to `grpc` and everything else to `http`.
@@ -192,22 +186,44 @@ pub(crate) struct Dispatch {
     pub http: Router,
 }
 
+type RouteFuture = <Router as tower::Service<Request<Body>>>::Future;
+
 impl tower::Service<Request<Body>> for Dispatch {
     type Response = Response;
     type Error = Infallible;
-    type Future = <Router as tower::Service<Request<Body>>>::Future;
+    type Future = Answer;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
         // Both routers are always ready.
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, req: Request<Body>) -> Self::Future {
+    fn call(&mut self, req: Request<Body>) -> Answer {
         if is_grpc(&req) {
-            self.grpc.call(req)
+            // A reference-counted clone: this runs on every call, unlike the naming.
+            let grpc_path = req.uri().path_and_query().cloned();
+            Answer { route: self.grpc.call(req), grpc_path }
         } else {
-            self.http.call(req)
+            Answer { route: self.http.call(req), grpc_path: None }
         }
+    }
+}
+
+/// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied.
+pub(crate) struct Answer {
+    route: RouteFuture,
+    grpc_path: Option<axum::http::uri::PathAndQuery>,
+}
+
+impl std::future::Future for Answer {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut resp = std::task::ready!(std::pin::Pin::new(&mut self.route).poll(cx))?;
+        if let Some(path) = self.grpc_path.take() {
+            name_unimplemented(path.path(), &mut resp);
+        }
+        Poll::Ready(Ok(resp))
     }
 }
 

@@ -92,14 +92,11 @@ pub async fn serve(
             cairn_proto::wire::etcdserverpb::watch_server::WatchServer::new(ctx.clone())
         ))
         .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
-    let grpc_routes = routes
-        .into_axum_router()
-        .layer(tower::util::MapRequestLayer::new(
-            move |req: axum::http::Request<axum::body::Body>| {
-                req.map(|body| grpc_limit::limit(body, max_decode))
-            },
-        ))
-        .layer(axum::middleware::from_fn(http::name_unimplemented));
+    let grpc_routes = routes.into_axum_router().layer(tower::util::MapRequestLayer::new(
+        move |req: axum::http::Request<axum::body::Body>| {
+            req.map(|body| grpc_limit::limit(body, max_decode))
+        },
+    ));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut servers = Vec::new();
     for addr in addrs {
