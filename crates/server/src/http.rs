@@ -1,13 +1,24 @@
-//! HTTP health endpoints on the client port, as etcd serves them: `/health` (JSON, with a
-//! linearizable check), `/livez` and `/readyz`.
+//! The client port's HTTP side, as etcd serves it: `/health` (JSON, with a linearizable check),
+//! `/livez`, `/readyz` and `/version`; and the split between gRPC and plain HTTP.
+//!
+//! gRPC is served only to HTTP/2 requests with an `application/grpc` content type. Browsers
+//! speak HTTP/2 only over TLS, which cairn does not serve, so a web page can never reach a gRPC
+//! method (a cross-site `DeleteRange` by a plain form POST used to run); such requests get a 4xx
+//! that says why, and nothing runs.
 
+use std::convert::Infallible;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::http::StatusCode;
+use axum::body::Body;
+use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
 use cairn_node::Engine;
+
+use crate::services::ETCD_COMPATIBLE_VERSION;
 
 async fn ready(engine: &Engine) -> Result<(), String> {
     if let Some(why) = engine.status().failure {
@@ -40,6 +51,20 @@ fn readiness(
     })
 }
 
+/// etcd's `/version` body, with cairn's own version beside the etcd version it reports. etcd
+/// clients parse `etcdcluster` (the cluster's major.minor, patch 0) to gate features.
+pub(crate) fn version_json() -> String {
+    let mut parts = ETCD_COMPATIBLE_VERSION.split('.');
+    let cluster = match (parts.next(), parts.next()) {
+        (Some(major), Some(minor)) => format!("{major}.{minor}.0"),
+        _ => ETCD_COMPATIBLE_VERSION.to_string(),
+    };
+    format!(
+        r#"{{"etcdserver":"{ETCD_COMPATIBLE_VERSION}","etcdcluster":"{cluster}","cairn":"{}"}}"#,
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 pub fn routes(engine: Arc<Engine>) -> Router {
     Router::new()
         .route(
@@ -50,4 +75,188 @@ pub fn routes(engine: Arc<Engine>) -> Router {
         )
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", readiness(engine, "ok", |why| format!("not ready: {why}")))
+        .route(
+            "/version",
+            get(|| async { ([(header::CONTENT_TYPE, "application/json")], version_json()) }),
+        )
+        .fallback(not_found)
+}
+
+/// Whether `req` may reach the gRPC services: HTTP/2 with `application/grpc`, `application/grpc+proto`
+/// or the like (not gRPC-Web, which is meant for browsers).
+pub(crate) fn is_grpc<B>(req: &Request<B>) -> bool {
+    req.version() == Version::HTTP_2
+        && req.headers().get(header::CONTENT_TYPE).is_some_and(|ct| {
+            let ct = ct.as_bytes();
+            ct.strip_prefix(b"application/grpc")
+                .is_some_and(|rest| rest.is_empty() || rest[0] == b'+' || rest[0] == b';')
+        })
+}
+
+/// A gRPC method's path: `/package.Service/Method`.
+fn looks_like_grpc(path: &str) -> bool {
+    let mut parts = path.trim_start_matches('/').split('/');
+    matches!((parts.next(), parts.next(), parts.next()),
+        (Some(service), Some(method), None) if service.contains('.') && !method.is_empty())
+}
+
+/// Every HTTP request no route takes: a text answer that says what went wrong.
+async fn not_found(req: Request<Body>) -> Response {
+    let path = req.uri().path();
+    let text = |code: StatusCode, body: String| (code, body + "\n").into_response();
+    if path.starts_with("/v3/") {
+        return text(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{path}: cairn serves the etcd v3 API over gRPC only (no JSON gateway); \
+                 use etcdctl or an etcd client"
+            ),
+        );
+    }
+    if req.method() == Method::POST && looks_like_grpc(path) {
+        let ct = req.headers().get(header::CONTENT_TYPE).map(HeaderValue::as_bytes);
+        let ct = String::from_utf8_lossy(ct.unwrap_or(b"none")).into_owned();
+        let (code, what) = if req.version() == Version::HTTP_2 {
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, format!("content-type {ct}"))
+        } else {
+            (StatusCode::BAD_REQUEST, format!("{:?}", req.version()))
+        };
+        return text(
+            code,
+            format!(
+                "{path}: gRPC is served only over HTTP/2 with content-type application/grpc, \
+                 not {what}"
+            ),
+        );
+    }
+    text(
+        StatusCode::NOT_FOUND,
+        format!(
+            "404 page not found: {path} (cairn serves /health, /livez, /readyz and /version \
+             over HTTP, and the etcd v3 API over gRPC)"
+        ),
+    )
+}
+
+/// The message of an `Unimplemented` answer for the gRPC method at `path`, naming the call.
+pub(crate) fn unimplemented_message(path: &str) -> String {
+    let Some((service, method)) = path.strip_prefix('/').and_then(|p| p.split_once('/')) else {
+        return format!("malformed method name: {path:?}");
+    };
+    match service {
+        "etcdserverpb.Auth" if method == "Authenticate" => "cairn does not implement \
+            Auth.Authenticate yet: it has no users or authentication; connect without --user"
+            .to_string(),
+        "etcdserverpb.Auth" => format!(
+            "cairn does not implement Auth.{method} yet: it has no users, roles or authentication"
+        ),
+        "v3lockpb.Lock" | "v3electionpb.Election" => format!(
+            "cairn does not implement {service}/{method} yet (etcdctl lock and elect work: they \
+             use the KV, Lease and Watch services)"
+        ),
+        "etcdserverpb.KV"
+        | "etcdserverpb.Watch"
+        | "etcdserverpb.Lease"
+        | "etcdserverpb.Cluster"
+        | "etcdserverpb.Maintenance"
+        | "grpc.health.v1.Health" => {
+            format!("unknown method {method} for service {service} (cairn)")
+        }
+        _ => format!("unknown service {service} (cairn serves the etcd v3 API)"),
+    }
+}
+
+/// Names the call in an `Unimplemented` answer that has no message of its own: tonic's answer to
+/// an unknown service or method is an empty one, which leaves an operator guessing.
+fn name_unimplemented(path: &str, resp: &mut Response) {
+    let h = resp.headers();
+    let unimplemented = h.get(tonic::Status::GRPC_STATUS).is_some_and(|s| s == "12");
+    let silent = h.get(tonic::Status::GRPC_MESSAGE).is_none_or(|m| m.is_empty());
+    if unimplemented && silent {
+        let status = tonic::Status::unimplemented(unimplemented_message(path));
+        // Only fails for a message that cannot be a header, and the message here always can.
+        let _ = status.add_header(resp.headers_mut());
+    }
+}
+
+/// Sends gRPC requests (see [`is_grpc`]) to `grpc` and everything else to `http`.
+#[derive(Clone, Debug)]
+pub(crate) struct Dispatch {
+    pub grpc: Router,
+    pub http: Router,
+}
+
+type RouteFuture = <Router as tower::Service<Request<Body>>>::Future;
+
+impl tower::Service<Request<Body>> for Dispatch {
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Answer;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // Both routers are always ready.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Body>) -> Answer {
+        if is_grpc(&req) {
+            // A reference-counted clone: this runs on every call, unlike the naming.
+            let grpc_path = req.uri().path_and_query().cloned();
+            Answer { route: self.grpc.call(req), grpc_path }
+        } else {
+            Answer { route: self.http.call(req), grpc_path: None }
+        }
+    }
+}
+
+/// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied.
+pub(crate) struct Answer {
+    route: RouteFuture,
+    grpc_path: Option<axum::http::uri::PathAndQuery>,
+}
+
+impl std::future::Future for Answer {
+    type Output = Result<Response, Infallible>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut resp = std::task::ready!(std::pin::Pin::new(&mut self.route).poll(cx))?;
+        if let Some(path) = self.grpc_path.take() {
+            name_unimplemented(path.path(), &mut resp);
+        }
+        Poll::Ready(Ok(resp))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_reports_a_cluster_version_etcd_clients_parse() {
+        let v: Vec<&str> = ETCD_COMPATIBLE_VERSION.split('.').collect();
+        let want = format!(
+            r#"{{"etcdserver":"{ETCD_COMPATIBLE_VERSION}","etcdcluster":"{}.{}.0","cairn":"{}"}}"#,
+            v[0],
+            v[1],
+            env!("CARGO_PKG_VERSION")
+        );
+        assert_eq!(version_json(), want);
+    }
+
+    #[test]
+    fn grpc_needs_http2_and_a_grpc_content_type() {
+        let req = |v: Version, ct: Option<&str>| {
+            let mut b = Request::builder().method("POST").uri("/etcdserverpb.KV/Range").version(v);
+            if let Some(ct) = ct {
+                b = b.header(header::CONTENT_TYPE, ct);
+            }
+            b.body(()).expect("a valid request")
+        };
+        assert!(is_grpc(&req(Version::HTTP_2, Some("application/grpc"))));
+        assert!(is_grpc(&req(Version::HTTP_2, Some("application/grpc+proto"))));
+        assert!(!is_grpc(&req(Version::HTTP_2, Some("application/grpc-web"))));
+        assert!(!is_grpc(&req(Version::HTTP_2, Some("text/plain"))));
+        assert!(!is_grpc(&req(Version::HTTP_2, None)));
+        assert!(!is_grpc(&req(Version::HTTP_11, Some("application/grpc"))));
+    }
 }

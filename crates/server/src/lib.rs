@@ -19,6 +19,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "server")]
+mod authority;
+#[cfg(feature = "server")]
 mod coalesce;
 #[cfg(feature = "server")]
 mod convert;
@@ -43,6 +45,8 @@ mod streams;
 #[cfg(feature = "server")]
 mod watch;
 
+#[cfg(feature = "server")]
+pub use services::ETCD_COMPATIBLE_VERSION;
 #[cfg(feature = "server")]
 pub use watch::parse_duration;
 
@@ -141,7 +145,7 @@ pub async fn serve(
             req.map(|body| grpc_limit::limit(body, max_decode))
         },
     ));
-    let router = http::routes(engine.clone()).merge(grpc_routes);
+    let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut servers = Vec::new();
     for addr in addrs {
         let listener = tokio::net::TcpListener::bind(addr)

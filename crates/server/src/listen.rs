@@ -1,5 +1,5 @@
-//! Serving one client listener: HTTP/1 and HTTP/2 on the same port (gRPC and the health
-//! endpoints), with a graceful stop.
+//! Serving one client listener: HTTP/1 and HTTP/2 on the same port (gRPC over HTTP/2, and the
+//! health and version endpoints), with a graceful stop.
 //!
 //! axum's own `serve` would do, but it leaves hyper's HTTP/2 settings at their defaults, and one
 //! of them matters here: since h2 0.4.16, a connection whose unread small DATA frames exceed a
@@ -14,7 +14,6 @@
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::Router;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto::Builder;
@@ -35,7 +34,7 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 /// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait.
 pub(crate) async fn serve(
     listener: TcpListener,
-    router: Router,
+    router: crate::http::Dispatch,
     stop: watch::Receiver<bool>,
     max_streams: u32,
 ) {
@@ -62,8 +61,9 @@ pub(crate) async fn serve(
         };
         // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
         let _ = tcp.set_nodelay(true);
-        // Frames written together: see `Coalesced`.
-        let io = TokioIo::new(Coalesced::new(tcp));
+        // Frames written together (see `Coalesced`); etcdctl 3.4 sends a URL as :authority,
+        // which h2 refuses (see `authority`).
+        let io = TokioIo::new(Coalesced::new(crate::authority::FixAuthority::new(tcp)));
         let service =
             router.clone().map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
         let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
