@@ -15,8 +15,7 @@ bench/results/<date>-<N>members.md with the floors beside it (fdatasync alone an
 concurrent ones on this one disk, loopback TCP and gRPC round trips, CPU per request) and each
 member's RSS; cairn also runs the linearizable reads with `--read-mode lease`.
 
-$CAIRN_BIN picks the cairn binary (default: release/cairn in cargo's target directory, which
-honours $CARGO_TARGET_DIR).
+$CAIRN_BIN picks the cairn binary (default: release/cairn in cargo's target directory; locate.py).
 
     python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
     python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
@@ -43,22 +42,10 @@ import time
 import urllib.request
 
 import compare_streams as streams
+import locate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def target_dir():
-    """Cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR, build.target-dir), or
-    ROOT/target where cargo cannot be asked."""
-    try:
-        out = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60, check=True)
-        return json.loads(out.stdout)["target_directory"]
-    except (OSError, subprocess.SubprocessError, ValueError, KeyError):
-        return os.path.join(ROOT, "target")
-
-
-CAIRN = os.environ.get("CAIRN_BIN") or os.path.join(target_dir(), "release", "cairn")
+CAIRN = locate.cairn_bin()
 PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 ETCD_BUILT = "/opt/etcd-peers/v3.5.17"
 
@@ -173,8 +160,7 @@ class Server:
         while time.time() < deadline:
             if self.proc.poll() is not None:  # it exited: say why at once, in its own words
                 self.log.flush()
-                with open(self.log.name) as f:
-                    why = f.read()[-3000:]
+                why = locate.tail(self.log.name)
                 self.stop()
                 raise RuntimeError(f"{name} did not start (exit {self.proc.returncode}):\n{why}")
             try:
@@ -279,8 +265,7 @@ def main():
     if a.members < 1:
         ap.error("--members must be at least 1")
     rounds = 1 if a.quick else a.rounds
-    if not os.access(CAIRN, os.X_OK):
-        sys.exit(f"compare: cairn did not start: no such file {CAIRN} (cargo build --release -p cairn, or set CAIRN_BIN)")
+    locate.require(CAIRN, "compare")
     etcd = a.etcd or (os.path.join(ETCD_BUILT, "etcd") if os.path.exists(os.path.join(ETCD_BUILT, "etcd")) else shutil.which("etcd") or "/usr/bin/etcd")
     etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     if a.members > 1:
@@ -627,8 +612,7 @@ class Cluster:
         while time.time() < deadline:
             dead = [n for n, p in zip(self.names, self.procs) if p.poll() is not None]
             if dead:  # the logs go with the data on stop: quote the first one
-                with open(os.path.join(self.base, f"{dead[0]}.log")) as f:
-                    why = f.read()[-3000:]
+                why = locate.tail(os.path.join(self.base, f"{dead[0]}.log"))
                 raise RuntimeError(f"{self.system} members {dead} exited; {dead[0]}'s log ends:\n{why}")
             st = self.status()
             if len(st) == len(self.endpoints):
