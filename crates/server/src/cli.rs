@@ -142,7 +142,10 @@ pub(crate) fn parse_from<C: clap::Parser>(
     let serving = args.get(1).is_none_or(|a| a != "bench");
     C::try_parse_from(&args).map_err(|e| match unsupported_etcd_flag(&e) {
         Some(flag) if serving => {
-            let msg = format!("{flag} is an etcd flag cairn does not support yet\n");
+            let msg = format!(
+                "{flag} is an etcd flag cairn does not support yet\n\n\
+                 For the flags cairn takes, try '--help'.\n"
+            );
             clap::Error::raw(ErrorKind::UnknownArgument, msg).with_cmd(&C::command())
         }
         _ => e,
