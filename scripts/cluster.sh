@@ -8,11 +8,18 @@
 #
 # Member i (1..N) serves clients on 127.0.0.1:i2379 and peers on 127.0.0.1:i2380 (12379, 22379,
 # ...). Data, logs and PID files live under $CAIRN_CLUSTER_DIR (default ./cairn-cluster).
-# env: CAIRN_BIN (default: target/release/cairn, built if missing), CAIRN_EXTRA (more flags).
+# env: CAIRN_BIN (default: release/cairn in cargo's target directory, which honours
+# CARGO_TARGET_DIR; built if missing), CAIRN_EXTRA (more flags).
 set -euo pipefail
 
 DIR=${CAIRN_CLUSTER_DIR:-./cairn-cluster}
-BIN=${CAIRN_BIN:-target/release/cairn}
+# Cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR, build.target-dir, target/).
+target_dir() {
+  cargo metadata --format-version 1 --no-deps 2> /dev/null |
+    python3 -c 'import json, sys; print(json.load(sys.stdin)["target_directory"])' 2> /dev/null ||
+    echo target
+}
+BIN=${CAIRN_BIN:-$(target_dir)/release/cairn}
 
 size() { cat "$DIR/size" 2>/dev/null || echo 0; }
 
@@ -26,7 +33,8 @@ endpoints() {
 start() {
   local n=$1 i initial=""
   [[ "$n" == 3 || "$n" == 5 ]] || { echo "N must be 3 or 5" >&2; exit 2; }
-  [[ -x "$BIN" ]] || cargo build --release -p cairn
+  [[ -n "${CAIRN_BIN:-}" ]] || [[ -x "$BIN" ]] || cargo build --release -p cairn
+  [[ -x "$BIN" ]] || { echo "cairn did not start: no such file $BIN" >&2; exit 1; }
   mkdir -p "$DIR/log" "$DIR/run"
   if ls "$DIR"/run/*.pid > /dev/null 2>&1; then echo "a cluster runs under $DIR; stop it first" >&2; exit 1; fi
   echo "$n" > "$DIR/size"
@@ -43,10 +51,20 @@ start() {
   done
   local eps tries=0
   eps=$(endpoints)
-  until command -v etcdctl > /dev/null && etcdctl --endpoints="$eps" --dial-timeout=1s endpoint status 2>/dev/null | grep -q ', true,'; do
+  # A member that exits during start stops the wait at once, with its log.
+  while true; do
+    sleep 0.2
+    for ((i = 1; i <= n; i++)); do
+      if ! kill -0 "$(cat "$DIR/run/m$i.pid")" 2> /dev/null; then
+        echo "member m$i exited during start; its log ($DIR/log/m$i.log) ends:" >&2
+        tail -n 20 "$DIR/log/m$i.log" >&2
+        stop
+        exit 1
+      fi
+    done
+    command -v etcdctl > /dev/null && etcdctl --endpoints="$eps" --dial-timeout=1s endpoint status 2>/dev/null | grep -q ', true,' && break
     tries=$((tries + 1))
     if ((tries > 150)); then echo "no leader after 30 s; logs in $DIR/log" >&2; exit 1; fi
-    sleep 0.2
   done
   echo "started $n members; endpoints=$eps"
 }

@@ -15,7 +15,7 @@ bench/results/<date>-<N>members.md with the floors beside it (fdatasync alone an
 concurrent ones on this one disk, loopback TCP and gRPC round trips, CPU per request) and each
 member's RSS; cairn also runs the linearizable reads with `--read-mode lease`.
 
-$CAIRN_BIN picks the cairn binary (default: target/release/cairn).
+$CAIRN_BIN picks the cairn binary (default: release/cairn in cargo's target directory; locate.py).
 
     python3 scripts/compare.py            # full: 3 rounds, etcd 3.5.17 if built
     python3 scripts/compare.py --quick    # CI: 1 round, small totals, results under /tmp
@@ -42,9 +42,10 @@ import time
 import urllib.request
 
 import compare_streams as streams
+import locate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CAIRN = os.environ.get("CAIRN_BIN") or os.path.join(ROOT, "target", "release", "cairn")
+CAIRN = locate.cairn_bin()
 PEERS = os.path.join(os.path.dirname(ROOT), "shared", "peers")
 ETCD_BUILT = "/opt/etcd-peers/v3.5.17"
 
@@ -157,6 +158,11 @@ class Server:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log)
         deadline = time.time() + 20
         while time.time() < deadline:
+            if self.proc.poll() is not None:  # it exited: say why at once, in its own words
+                self.log.flush()
+                why = locate.tail(self.log.name)
+                self.stop()
+                raise RuntimeError(f"{name} did not start (exit {self.proc.returncode}):\n{why}")
             try:
                 with urllib.request.urlopen(f"{url}/health", timeout=1) as r:
                     if r.status == 200:
@@ -260,6 +266,7 @@ def main():
     if a.members < 1:
         ap.error("--members must be at least 1")
     rounds = 1 if a.quick else a.rounds
+    locate.require(CAIRN, "compare")
     etcd = a.etcd or (os.path.join(ETCD_BUILT, "etcd") if os.path.exists(os.path.join(ETCD_BUILT, "etcd")) else shutil.which("etcd") or "/usr/bin/etcd")
     etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     if a.members > 1:
@@ -606,8 +613,9 @@ class Cluster:
         deadline = time.time() + seconds
         while time.time() < deadline:
             dead = [n for n, p in zip(self.names, self.procs) if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"{self.system} members {dead} exited; logs in {self.base}")
+            if dead:  # the logs go with the data on stop: quote the first one
+                why = locate.tail(os.path.join(self.base, f"{dead[0]}.log"))
+                raise RuntimeError(f"{self.system} members {dead} exited; {dead[0]}'s log ends:\n{why}")
             st = self.status()
             if len(st) == len(self.endpoints):
                 leaders = {lead for _, lead in st.values()}

@@ -6,12 +6,22 @@
 # PORT_LO..PORT_LO+PORT_SPAN (default 20000..40000).
 set -euo pipefail
 BIN=${CAIRN_BIN:?set CAIRN_BIN to the cairn binary}
+[[ -x "$BIN" ]] || { echo "bench smoke: cairn did not start: no such file $BIN" >&2; exit 1; }
 ETCD=${ETCD_BIN:-$(command -v etcd || echo /usr/bin/etcd)}
 DIR=$(mktemp -d /tmp/cairn-bench-smoke.XXXX)
 PIDS=()
 trap 'for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done; rm -rf "$DIR"' EXIT
 port() { echo $((${PORT_LO:-20000} + RANDOM % ${PORT_SPAN:-20000})); }
-wait_health() { for _ in $(seq 150); do curl -fs "$1/health" >/dev/null && return 0; sleep 0.1; done; echo "no health at $1" >&2; return 1; }
+# wait_health URL LOG: the server ($PID) answers on URL within 15 s; if it exits first or never
+# answers, its LOG says why, at once.
+wait_health() {
+  for _ in $(seq 150); do
+    curl -fs "$1/health" >/dev/null && return 0
+    kill -0 "$PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  echo "bench smoke: the server did not start on $1; its log:" >&2; cat "$2" >&2; exit 1
+}
 passed=0
 # check NAME JSON PYTHON-CONDITION: the record parses and the condition on it holds.
 check() {
@@ -96,7 +106,7 @@ EP_PORT=$(port); EP=127.0.0.1:$EP_PORT
 "$ETCD" --data-dir "$DIR/etcd" --listen-client-urls "http://$EP" --advertise-client-urls "http://$EP" \
   --listen-peer-urls "http://127.0.0.1:$(port)" >"$DIR/etcd.log" 2>&1 &
 PIDS+=($!); PID=$!
-wait_health "http://$EP"
+wait_health "http://$EP" "$DIR/etcd.log"
 for w in put "range foo --consistency l" "range foo --consistency s" txn-put "mixed --key-space 50" seq-put par-put par-get lease-keepalive lease-grant-revoke; do
   check "etcd $w" "$(run $w)" "res['requests'] == 200 and res['errors'] == 0 and res['throughput_ops'] > 0"
 done
@@ -109,7 +119,7 @@ killed_mid_run etcd
 EP_PORT=$(port); EP=127.0.0.1:$EP_PORT
 "$BIN" serve --data-dir "$DIR/cairn" --listen-client-urls "http://$EP" 2>"$DIR/cairn.log" &
 PIDS+=($!); PID=$!
-wait_health "http://$EP"
+wait_health "http://$EP" "$DIR/cairn.log"
 for w in put "range foo --consistency l" "range foo --consistency s" txn-put "mixed --key-space 50" seq-put par-put par-get lease-keepalive lease-grant-revoke; do
   check "cairn $w" "$(run $w)" "res['requests'] == 200 and res['errors'] == 0 and r['server_version'].startswith('3.6.')"
 done

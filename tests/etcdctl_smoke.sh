@@ -10,6 +10,7 @@
 set -euo pipefail
 if [[ -z "${SMOKE_ETCD:-}" ]]; then
 	BIN=${CAIRN_BIN:?set CAIRN_BIN to the cairn binary (or SMOKE_ETCD to an etcd binary)}
+	[[ -x "$BIN" ]] || { echo "etcdctl smoke: cairn did not start: no such file $BIN" >&2; exit 1; }
 fi
 DIR=$(mktemp -d /tmp/cairn-etcdctl.XXXX)
 # A random loopback port that nothing answers on.
@@ -43,7 +44,6 @@ cleanup() {
 	rm -rf "$DIR"
 }
 trap cleanup EXIT
-for _ in $(seq 100); do curl -fs "$URL/health" >/dev/null && break; sleep 0.1; done
 export ETCDCTL_API=3
 # The http:// form, as users write it: etcdctl 3.4 (Debian's) then sends the URL itself as the
 # HTTP/2 :authority for endpoint status and hashkv, which etcd accepts.
@@ -51,6 +51,14 @@ E=(etcdctl --endpoints="$URL" --command-timeout=5s)
 passed=0
 ok() { passed=$((passed + 1)); }
 fail() { echo "etcdctl smoke: $*" >&2; cat "$DIR/log" >&2; exit 1; }
+# The server is up within 10 s, or the run stops at once (as soon as it exits) with its log.
+up=0
+for _ in $(seq 100); do
+	curl -fs "$URL/health" >/dev/null && { up=1; break; }
+	kill -0 $PID 2>/dev/null || break
+	sleep 0.1
+done
+((up)) || fail "the server did not start on $URL"
 # expect TEXT ARGS...: etcdctl ARGS succeeds and prints exactly TEXT.
 expect() { local got; got=$("${E[@]}" "${@:2}" 2>&1) || fail "$* failed: $got"; [[ "$got" == "$1" ]] || fail "$*: expected [$1], got [$got]"; ok; }
 # match REGEX ARGS...: etcdctl ARGS succeeds and its whole output matches REGEX (BASH_REMATCH

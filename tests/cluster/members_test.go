@@ -4,7 +4,7 @@
 //
 // Environment:
 //
-//	CAIRN_BIN          the cairn binary (default: the workspace's release, then debug build)
+//	CAIRN_BIN          the cairn binary (default: the release, then debug build in cargo's target directory)
 //	CAIRN_PLANTED_BIN  cairn built with --features planted-bugs, for the checker's own test
 //	CLUSTER_ETCD       an etcd binary: run the same tests against etcd (checks the harness)
 //	FAULT_SEEDS        seeds for the fault runs: "7", "1,5,9" or "1..20" (default 1,2,3)
@@ -13,6 +13,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"net"
@@ -33,16 +34,34 @@ func etcdBin() string { return os.Getenv("CLUSTER_ETCD") }
 
 func cairnBin(t *testing.T) string {
 	if b := os.Getenv("CAIRN_BIN"); b != "" {
+		if _, err := os.Stat(b); err != nil {
+			t.Fatalf("cairn did not start: no such file %s (CAIRN_BIN)", b)
+		}
 		return b
 	}
-	for _, p := range []string{"../../target/release/cairn", "../../target/debug/cairn"} {
+	dir := targetDir()
+	for _, p := range []string{filepath.Join(dir, "release", "cairn"), filepath.Join(dir, "debug", "cairn")} {
 		if _, err := os.Stat(p); err == nil {
 			abs, _ := filepath.Abs(p)
 			return abs
 		}
 	}
-	t.Fatal("cairn binary not found: build it (cargo build --release -p cairn) or set CAIRN_BIN")
+	t.Fatalf("cairn binary not found in %s: build it (cargo build --release -p cairn) or set CAIRN_BIN", dir)
 	return ""
+}
+
+// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
+// build.target-dir), or ../../target where cargo cannot be asked.
+func targetDir() string {
+	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
+		"--manifest-path", "../../Cargo.toml").Output()
+	var meta struct {
+		TargetDirectory string `json:"target_directory"`
+	}
+	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
+		return "../../target"
+	}
+	return meta.TargetDirectory
 }
 
 // freePort returns a port that is free now, drawn below Linux's ephemeral range (32768 and up)
@@ -266,6 +285,30 @@ func (c *cluster) awaitExit(i int, within time.Duration) bool {
 	return true
 }
 
+// failIfCrashed stops the test at once if a member exited on its own (a bad flag, a port in
+// use), quoting the end of its log, instead of waiting out a leader that cannot come.
+func (c *cluster) failIfCrashed() {
+	if report := c.crashReport(); report != "" {
+		c.t.Fatal(report)
+	}
+}
+
+// crashReport names the members that exited on their own and quotes the first one's log.
+func (c *cluster) crashReport() string {
+	c.mu.Lock()
+	crashed := append([]string(nil), c.crashed...)
+	c.mu.Unlock()
+	if len(crashed) == 0 {
+		return ""
+	}
+	name := strings.Fields(crashed[0])[0]
+	log, _ := os.ReadFile(filepath.Join(c.root, name+".log"))
+	if len(log) > 3000 {
+		log = log[len(log)-3000:]
+	}
+	return fmt.Sprintf("%s; %s's log ends:\n%s", strings.Join(crashed, "; "), name, log)
+}
+
 // checkCrashes fails the test if a member exited without being killed or stopped.
 func (c *cluster) checkCrashes() {
 	c.mu.Lock()
@@ -321,6 +364,7 @@ func (c *cluster) client(endpoints ...string) *clientv3.Client {
 func (c *cluster) leader(cl *clientv3.Client) int {
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
+		c.failIfCrashed()
 		if i, ok := c.agreedLeader(cl); ok {
 			return i
 		}

@@ -3,13 +3,17 @@
 package compat
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -21,19 +25,38 @@ import (
 // of cairn: every expectation here is a claim about etcd's behaviour, and this checks it.
 func etcdBin() string { return os.Getenv("COMPAT_ETCD") }
 
-// cairnBin is the binary under test: $CAIRN_BIN, or the workspace's release/debug build.
+// cairnBin is the binary under test: $CAIRN_BIN, or the workspace's release/debug build in
+// cargo's target directory.
 func cairnBin(t *testing.T) string {
 	if b := os.Getenv("CAIRN_BIN"); b != "" {
+		if _, err := os.Stat(b); err != nil {
+			t.Fatalf("cairn did not start: no such file %s (CAIRN_BIN)", b)
+		}
 		return b
 	}
-	for _, p := range []string{"../../target/release/cairn", "../../target/debug/cairn"} {
+	dir := targetDir()
+	for _, p := range []string{filepath.Join(dir, "release", "cairn"), filepath.Join(dir, "debug", "cairn")} {
 		if _, err := os.Stat(p); err == nil {
 			abs, _ := filepath.Abs(p)
 			return abs
 		}
 	}
-	t.Fatal("cairn binary not found: build it or set CAIRN_BIN")
+	t.Fatalf("cairn binary not found in %s: build it (cargo build --release -p cairn) or set CAIRN_BIN", dir)
 	return ""
+}
+
+// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
+// build.target-dir), or ../../target where cargo cannot be asked.
+func targetDir() string {
+	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
+		"--manifest-path", "../../Cargo.toml").Output()
+	var meta struct {
+		TargetDirectory string `json:"target_directory"`
+	}
+	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
+		return "../../target"
+	}
+	return meta.TargetDirectory
 }
 
 func freePort(t *testing.T) int {
@@ -49,6 +72,7 @@ func freePort(t *testing.T) int {
 type server struct {
 	t        *testing.T
 	cmd      *exec.Cmd
+	exited   chan struct{} // closed once cmd has been reaped
 	dataDir  string
 	port     int
 	peerPort int // etcd only: its peer listener, unused with one member
@@ -81,29 +105,71 @@ func (s *server) start(extra ...string) {
 		args := append([]string{"serve", "--data-dir", s.dataDir, "--listen-client-urls", s.url}, extra...)
 		s.cmd = exec.Command(cairnBin(s.t), args...)
 	}
-	s.cmd.Stderr = os.Stderr
-	if err := s.cmd.Start(); err != nil {
+	exited, err := launch(s.cmd, s.url, 15*time.Second)
+	s.exited = exited
+	if err != nil {
+		s.cmd = nil
 		s.t.Fatal(err)
 	}
-	deadline := time.Now().Add(15 * time.Second)
+}
+
+// launch starts cmd and waits until it answers /health on url. A server that exits first fails
+// at once, with what it wrote (stderr is also passed through); one that never answers, after
+// `within`. The returned channel closes once the process has been reaped.
+func launch(cmd *exec.Cmd, url string, within time.Duration) (chan struct{}, error) {
+	out := &syncBuffer{}
+	cmd.Stderr = io.MultiWriter(os.Stderr, out)
+	exited := make(chan struct{})
+	if err := cmd.Start(); err != nil {
+		close(exited)
+		return exited, fmt.Errorf("the server did not start: %v", err)
+	}
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	deadline := time.Now().Add(within)
 	for time.Now().Before(deadline) {
-		resp, err := http.Get(s.url + "/health")
+		select {
+		case <-exited:
+			return exited, fmt.Errorf("the server exited during start (%v); it said:\n%s", waitErr, out.String())
+		default:
+		}
+		resp, err := http.Get(url + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {
-				return
+				return exited, nil
 			}
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	s.t.Fatalf("the server did not become healthy on %s", s.url)
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	<-exited
+	return exited, fmt.Errorf("the server did not become healthy on %s within %v; it said:\n%s", url, within, out.String())
+}
+
+// syncBuffer is a bytes.Buffer written by the process's stderr copier and read by the waiter.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // kill stops the process at once (SIGKILL): nothing gets flushed on the way out.
 func (s *server) kill() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		_, _ = s.cmd.Process.Wait()
+		<-s.exited
 		s.cmd = nil
 	}
 }
@@ -111,10 +177,8 @@ func (s *server) kill() {
 func (s *server) stop() {
 	if s.cmd != nil && s.cmd.Process != nil {
 		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { _, _ = s.cmd.Process.Wait(); close(done) }()
 		select {
-		case <-done:
+		case <-s.exited:
 		case <-time.After(10 * time.Second):
 			s.kill()
 		}

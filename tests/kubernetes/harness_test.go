@@ -1,5 +1,5 @@
 // Run: cd tests/kubernetes && go test ./...   (CAIRN_BIN=/path/to/cairn picks the binary, default
-// ../../target/release/cairn; K8S_ETCD=/path/to/etcd runs the same suite against real etcd).
+// release/cairn in cargo's target directory; K8S_ETCD=/path/to/etcd runs the same suite against real etcd).
 //
 // Package k8scontract checks the contract kube-apiserver relies on (etcd's
 // go.etcd.io/etcd/client/v3/kubernetes interface, the watch the cacher runs, the compactor's
@@ -9,6 +9,7 @@ package k8scontract
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"math/rand"
 	"net"
@@ -35,16 +36,30 @@ func cairnBin(t *testing.T) string {
 	t.Helper()
 	b := os.Getenv("CAIRN_BIN")
 	if b == "" {
-		b = "../../target/release/cairn"
+		b = filepath.Join(targetDir(), "release", "cairn")
 	}
 	abs, err := filepath.Abs(b)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(abs); err != nil {
-		t.Fatalf("cairn binary %s not found: build it (cargo build --release) or set CAIRN_BIN", abs)
+		t.Fatalf("cairn did not start: no such file %s (build it: cargo build --release -p cairn, or set CAIRN_BIN)", abs)
 	}
 	return abs
+}
+
+// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
+// build.target-dir), or ../../target where cargo cannot be asked.
+func targetDir() string {
+	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
+		"--manifest-path", "../../Cargo.toml").Output()
+	var meta struct {
+		TargetDirectory string `json:"target_directory"`
+	}
+	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
+		return "../../target"
+	}
+	return meta.TargetDirectory
 }
 
 // randomFreePort draws a port from [20000, 32000) at random and checks that nothing listens on

@@ -25,14 +25,45 @@
 //! 20,000 at twenty times the fault rate with one entry per message, and 100,000 stack seeds.
 
 mod embed;
+mod harnesses;
 mod tidy;
 
+use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::Instant;
 
+fn cargo_program() -> String {
+    std::env::var("CARGO").unwrap_or_else(|_| "cargo".into())
+}
+
 fn cargo(args: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    run(".", &cargo, args, env)
+    run(".", &cargo_program(), args, env)
+}
+
+/// Where cargo puts what it builds, as cargo itself resolves it (`$CARGO_TARGET_DIR`,
+/// `build.target-dir`, or `target/`): CI machines and shared hosts often move it.
+fn target_dir(env: &[(&str, &str)]) -> Result<PathBuf, String> {
+    let mut cmd = Command::new(cargo_program());
+    cmd.args(["metadata", "--format-version", "1", "--no-deps"]);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().map_err(|e| format!("cannot run cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("cargo metadata failed: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| format!("cargo metadata printed no JSON: {e}"))?;
+    meta["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| "cargo metadata gave no target_directory".into())
+}
+
+/// A release binary of this workspace, by name, as a string for the harnesses' environment.
+fn release_bin(name: &str) -> Result<String, String> {
+    let bin = target_dir(&[])?.join("release").join(name);
+    bin.into_os_string().into_string().map_err(|_| "non-UTF-8 target directory".into())
 }
 
 fn sim(args: &[&str]) -> Result<(), String> {
@@ -97,15 +128,13 @@ fn ensure_etcd_packages() -> Result<(), String> {
 /// The compatibility suites that drive a real `cairn` binary: etcdctl and the Go client.
 fn compat() -> Result<(), String> {
     cargo(&["build", "--release", "--quiet", "--package", "cairn"], &[])?;
-    let root = std::env::current_dir().map_err(|e| e.to_string())?;
-    let bin = root.join("target/release/cairn");
-    let bin = bin.to_str().ok_or("non-UTF-8 path")?;
+    let bin = &release_bin("cairn")?;
     ensure_etcd_packages()?;
     run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
     run(".", "bash", &["tests/bench_smoke.sh"], &[("CAIRN_BIN", bin)])?;
     // The comparison runner in its quick mode (one small round, report under /tmp), so the
     // script that produces bench/results keeps working.
-    run(".", "python3", &["scripts/compare.py", "--quick"], &[])?;
+    run(".", "python3", &["scripts/compare.py", "--quick"], &[("CAIRN_BIN", bin)])?;
     if !have("go") {
         return Err("Go is needed for tests/compat (the official etcd client); install it".into());
     }
@@ -123,19 +152,13 @@ fn compat() -> Result<(), String> {
 fn cluster(env: &[(&str, &str)], go_args: &[&str]) -> Result<(), String> {
     // The planted-bug build first, kept aside, then the real one back in its place.
     cargo(&["build", "--release", "--quiet", "-p", "cairn", "--features", "planted-bugs"], &[])?;
-    std::fs::copy("target/release/cairn", "target/release/cairn-planted")
-        .map_err(|e| format!("cannot keep the planted-bug build: {e}"))?;
+    let (bin, planted) = (release_bin("cairn")?, release_bin("cairn-planted")?);
+    std::fs::copy(&bin, &planted).map_err(|e| format!("cannot keep the planted-bug build: {e}"))?;
     cargo(&["build", "--release", "--quiet", "-p", "cairn"], &[])?;
     if !have("go") {
         return Err("Go is needed for tests/cluster (the official etcd client); install it".into());
     }
-    let root = std::env::current_dir().map_err(|e| e.to_string())?;
-    let bin = root.join("target/release/cairn");
-    let planted = root.join("target/release/cairn-planted");
-    let mut all = vec![
-        ("CAIRN_BIN", bin.to_str().ok_or("non-UTF-8 path")?),
-        ("CAIRN_PLANTED_BIN", planted.to_str().ok_or("non-UTF-8 path")?),
-    ];
+    let mut all = vec![("CAIRN_BIN", bin.as_str()), ("CAIRN_PLANTED_BIN", planted.as_str())];
     all.extend_from_slice(env);
     let mut args = vec!["test", "-count=1", "-v"];
     args.extend_from_slice(go_args);
@@ -185,5 +208,22 @@ fn main() -> ExitCode {
             eprintln!("xtask: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binary the harnesses get is where cargo builds it, wherever CARGO_TARGET_DIR sends
+    /// it: `target/release/cairn` was hard-coded, and missing on machines that set it.
+    #[test]
+    fn the_target_directory_is_cargos() {
+        let elsewhere = std::env::temp_dir().join("cairn-xtask-target");
+        let dir = elsewhere.to_str().expect("utf-8");
+        assert_eq!(target_dir(&[("CARGO_TARGET_DIR", dir)]), Ok(elsewhere));
+        // A relative one is relative to where cargo runs, as cargo takes it.
+        let relative = target_dir(&[("CARGO_TARGET_DIR", "rel-target")]).expect("relative");
+        assert!(relative.is_absolute() && relative.ends_with("rel-target"), "{relative:?}");
     }
 }

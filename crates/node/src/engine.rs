@@ -10,6 +10,7 @@ use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Instant;
 
 use cairn_kv::{
     Command, CommandResponse, CompactRequest, CompactResponse, DeleteRangeRequest,
@@ -58,6 +59,36 @@ fn now_micros() -> u64 {
 }
 
 /// Takes the data directory's lock for the life of the engine.
+/// How the replica starts on a data directory that has no log yet.
+fn bootstrap(cfg: &EngineConfig, id: u64) -> Bootstrap {
+    match &cfg.cluster {
+        None => Bootstrap::Founding(ConfState::with_voters([NodeId(id)])),
+        Some(c) if c.state == ClusterState::New => {
+            Bootstrap::Founding(ConfState::with_voters(c.members.iter().map(|m| NodeId(m.id))))
+        }
+        // A member joining a running cluster learns the membership from its leader.
+        Some(_) => Bootstrap::Joining,
+    }
+}
+
+/// What an operator checks first after a start: which directory and member this is.
+fn log_identity(cfg: &EngineConfig, id: u64, cluster_id: u64) {
+    tracing::info!("data directory {}", cfg.data_dir.display());
+    tracing::info!("member {id:016x} named {:?} in cluster {cluster_id:016x}", cfg.name);
+}
+
+/// And what the restart recovered: the committed log entries applied again on top of the
+/// database, and where the store stands after them.
+fn log_recovery(shared: &Shared, replayed: u64, started: Instant) {
+    tracing::info!(
+        "recovered in {} ms: {replayed} committed log entries replayed onto the database, \
+         revision {}, compact revision {}",
+        started.elapsed().as_millis(),
+        shared.store.current_revision(),
+        shared.store.compacted_revision(),
+    );
+}
+
 fn lock(cfg: &EngineConfig, member: &Path) -> Result<File, EngineError> {
     let lock_path = member.join("LOCK");
     let lock = File::create(&lock_path).map_err(io_err("create", &lock_path))?;
@@ -103,11 +134,13 @@ impl Engine {
     /// `spawn_blocking` or `block_in_place`). It fails with [`EngineError::Open`] when the
     /// directory is unusable or another engine holds it.
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
+        let started = Instant::now();
         let member = cfg.data_dir.join("member");
         std::fs::create_dir_all(&member).map_err(io_err("create", &member))?;
         let lock = lock(&cfg, &member)?;
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
+        log_identity(&cfg, id, cluster_id);
         let backend = LmdbBackend::open(&member.join("db"), cfg.lmdb_map_bytes)
             .map_err(|e| EngineError::Open(OpenError::Backend(e)))?;
         let store =
@@ -115,23 +148,18 @@ impl Engine {
         let wal_path = member.join("wal");
         let wal_dir = OsDir::create(&wal_path).map_err(io_err("create", &wal_path))?;
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
-        let founding = match &cfg.cluster {
-            None => Bootstrap::Founding(ConfState::with_voters([NodeId(id)])),
-            Some(c) if c.state == ClusterState::New => {
-                Bootstrap::Founding(ConfState::with_voters(c.members.iter().map(|m| NodeId(m.id))))
-            }
-            // A member joining a running cluster learns the membership from its leader.
-            Some(_) => Bootstrap::Joining,
-        };
+        let stored_index = store.applied_index();
         let replica: EngineReplica = Replica::open_with(
             replica_config(&cfg, id),
             wal_dir,
             wal_opts,
             store.clone(),
-            founding,
+            bootstrap(&cfg, id),
             now_micros(),
         )
         .map_err(EngineError::Open)?;
+        // Committed entries the database does not have yet: `driver.start` applies them.
+        let replay = replica.raft().commit_index().0.saturating_sub(stored_index);
         let lease_clock = replica.lease_clock();
         let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
         let shared = Arc::new(shared);
@@ -155,6 +183,7 @@ impl Engine {
             notify,
         );
         driver.start().map_err(|e| EngineError::Open(OpenError::Replay(e)))?;
+        log_recovery(&shared, replay, started);
         let handle = std::thread::Builder::new()
             .name(format!("cairn-raft-{}", cfg.name))
             .spawn(move || driver.run())

@@ -4,7 +4,7 @@
 use std::sync::{mpsc, Arc};
 
 use cairn_raft::{Message, NodeId, SnapshotStatus};
-use cairn_transport::url::{host_port, resolve};
+use cairn_transport::url::{listen_addr, resolve};
 use cairn_transport::{Sink, Transport, TransportConfig};
 
 use crate::cluster::ClusterConfig;
@@ -46,9 +46,10 @@ pub(crate) fn start(
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
     for url in &cluster.listen_peer_urls {
-        let addr = host_port(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
+        let addr = listen_addr(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
         let listener = std::net::TcpListener::bind(addr)
             .map_err(|e| open(OpenError::PeerListen { url: url.clone(), source: Arc::new(e) }))?;
+        tracing::info!("listening for peers on {url}");
         cfg.listeners.push(listener);
     }
     for member in cluster.peers() {

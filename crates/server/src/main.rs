@@ -1,5 +1,7 @@
 //! The `cairn` binary.
 
+mod cli;
+
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -102,12 +104,18 @@ struct ServeArgs {
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
     client_threads: usize,
+    /// etcd's log levels. `debug` logs what `info` does (cairn's builds leave debug events out);
+    /// `panic` and `fatal` log errors only, such as a fail-stop's cause.
+    #[arg(long, default_value = "info",
+        value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
+    log_level: String,
 }
 
 fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     if a.election_timeout < 2 * a.heartbeat_interval || a.heartbeat_interval == 0 {
         anyhow::bail!("--election-timeout must be at least twice --heartbeat-interval");
     }
+    let listen = listen_client_urls(&a)?;
     let mut engine = EngineConfig::new(&a.name, &a.data_dir);
     engine.tick_interval = std::time::Duration::from_millis(a.heartbeat_interval);
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
@@ -148,11 +156,52 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     };
     Ok(ServeConfig {
         engine,
-        listen_client_urls: a.listen_client_urls,
+        listen_client_urls: listen,
         advertise_peer_urls: a.initial_advertise_peer_urls,
         watch_progress_interval: a.watch_progress_notify_interval,
         max_concurrent_streams: a.max_concurrent_streams,
     })
+}
+
+/// Checks every URL flag as etcd reads it, and returns the client URLs with the IP addresses
+/// they bind (`localhost` is 127.0.0.1), as the server takes them.
+fn listen_client_urls(a: &ServeArgs) -> Result<Vec<String>> {
+    let addrs = cli::listen_addrs("listen-client-urls", &a.listen_client_urls)?;
+    cli::check_urls("advertise-client-urls", &a.advertise_client_urls)?;
+    if a.initial_cluster.is_some() {
+        cli::listen_addrs("listen-peer-urls", &a.listen_peer_urls)?;
+        cli::check_urls("initial-advertise-peer-urls", &a.initial_advertise_peer_urls)?;
+    }
+    Ok(addrs.iter().map(|addr| format!("http://{addr}")).collect())
+}
+
+/// Binds every listener once before the engine opens: a port in use then stops the start
+/// before the data directory is created.
+async fn check_listeners(cfg: &ServeConfig) -> Result<()> {
+    let client: Vec<_> = cfg
+        .listen_client_urls
+        .iter()
+        .map(|u| cairn::parse_url(u))
+        .collect::<Result<_, _>>()
+        .map_err(anyhow::Error::msg)?;
+    cli::check_client_listeners(&client).await?;
+    if let Some(cluster) = &cfg.engine.cluster {
+        cli::check_peer_listeners(&cli::listen_addrs(
+            "listen-peer-urls",
+            &cluster.listen_peer_urls,
+        )?)?;
+    }
+    Ok(())
+}
+
+fn log_filter(level: &str) -> tracing::level_filters::LevelFilter {
+    use tracing::level_filters::LevelFilter;
+    match level {
+        "debug" => LevelFilter::DEBUG,
+        "warn" => LevelFilter::WARN,
+        "error" | "panic" | "fatal" => LevelFilter::ERROR,
+        _ => LevelFilter::INFO,
+    }
 }
 
 async fn shutdown_signal() {
@@ -192,7 +241,7 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
 }
 
 fn main() -> Result<()> {
-    let cli = Cli::parse();
+    let cli: Cli = cli::parse();
     let args = match cli.command {
         Some(Cmd::Serve(a)) => a,
         Some(Cmd::Bench(b)) => return bench(b),
@@ -200,13 +249,20 @@ fn main() -> Result<()> {
     };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO)
+        .with_max_level(log_filter(&args.log_level))
         .with_target(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     let threads = args.client_threads;
     let cfg = serve_config(args)?;
-    server_runtime(threads)?.block_on(cairn::serve(cfg, shutdown_signal()))
+    let rt = server_runtime(threads)?;
+    rt.block_on(check_listeners(&cfg))?;
+    let new_dir = cli::NewDataDir::before_start(&cfg.engine.data_dir);
+    let served = rt.block_on(cairn::serve(cfg, shutdown_signal()));
+    if let Err(e) = &served {
+        new_dir.remove_after_failed_open(e);
+    }
+    served
 }
 
 /// The server's runtime. Each gRPC stream runs as its own task, and a finishing stream wakes its

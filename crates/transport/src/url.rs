@@ -1,29 +1,41 @@
-//! Peer URLs as etcd's flags give them (`http://host:port`), resolved to socket addresses.
+//! URLs as etcd's flags give them (`http://host:port`): the addresses to listen on, and the
+//! peer addresses to dial, resolved as etcd resolves them.
 
 use std::fmt;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 
-/// Why a peer URL cannot be used.
+/// Why a URL cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UrlError {
-    /// `https://` needs TLS between peers, which cairn does not have yet.
+    /// `https://` needs TLS, which cairn does not have yet.
     Tls(String),
+    /// `host:port` without `http://` in front (etcd's flags take URLs, not addresses).
+    NoScheme(String),
     /// Not `http://host:port`.
     Malformed(String),
     /// The host did not resolve to any address.
     Unresolved(String),
+    /// A URL to listen on names a host other than `localhost`: etcd binds only IP addresses,
+    /// so that what a member listens on never depends on DNS.
+    NotIp(String),
 }
 
 impl fmt::Display for UrlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             UrlError::Tls(u) => {
-                write!(f, "peer URL {u:?} asks for TLS, which cairn's peer transport does not support yet; use http://")
+                write!(f, "URL {u:?} asks for TLS, which cairn does not support yet; use http://")
             }
-            UrlError::Malformed(u) => {
-                write!(f, "peer URL {u:?} is not of the form http://host:port")
+            UrlError::NoScheme(u) => {
+                write!(f, "URL {u:?} has no scheme: write http://{u}")
             }
-            UrlError::Unresolved(u) => write!(f, "peer URL {u:?} does not resolve to an address"),
+            UrlError::Malformed(u) => write!(f, "URL {u:?} is not of the form http://host:port"),
+            UrlError::Unresolved(u) => write!(f, "URL {u:?} does not resolve to an address"),
+            // etcd's wording (embed.checkBindURLs).
+            UrlError::NotIp(u) => write!(
+                f,
+                "expected IP in URL for binding ({u}): listen on an IP address or localhost"
+            ),
         }
     }
 }
@@ -34,6 +46,9 @@ impl std::error::Error for UrlError {}
 pub fn host_port(url: &str) -> Result<&str, UrlError> {
     if url.starts_with("https://") || url.starts_with("unixs://") {
         return Err(UrlError::Tls(url.to_string()));
+    }
+    if !url.contains("://") {
+        return Err(UrlError::NoScheme(url.to_string()));
     }
     let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::Malformed(url.to_string()))?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
@@ -58,6 +73,22 @@ pub fn resolve(url: &str) -> Result<Vec<SocketAddr>, UrlError> {
     Ok(addrs)
 }
 
+/// The address to listen on for a URL, as etcd binds it: an IP address, or `localhost`, which
+/// is 127.0.0.1 (Go's listener takes the first IPv4 address `localhost` has); any other host
+/// name is refused, as etcd refuses it.
+pub fn listen_addr(url: &str) -> Result<SocketAddr, UrlError> {
+    let hp = host_port(url)?;
+    let (host, port) = hp.rsplit_once(':').ok_or_else(|| UrlError::Malformed(url.to_string()))?;
+    let port: u16 = port.parse().map_err(|_| UrlError::Malformed(url.to_string()))?;
+    let ip = if host == "localhost" {
+        IpAddr::V4(Ipv4Addr::LOCALHOST)
+    } else {
+        let bare = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
+        bare.parse().map_err(|_| UrlError::NotIp(url.to_string()))?
+    };
+    Ok(SocketAddr::new(ip, port))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -68,9 +99,32 @@ mod tests {
         assert_eq!(host_port("http://localhost:2380/"), Ok("localhost:2380"));
         assert_eq!(host_port("http://[::1]:2380"), Ok("[::1]:2380"));
         assert!(matches!(host_port("https://a:1"), Err(UrlError::Tls(_))));
-        for bad in ["127.0.0.1:2380", "http://a", "http://a:x", "http://:1", "http://a:1/p"] {
+        for bad in ["127.0.0.1:2380", "localhost:2380"] {
+            assert!(matches!(host_port(bad), Err(UrlError::NoScheme(_))), "{bad}");
+        }
+        for bad in ["ftp://a:1", "http://a", "http://a:x", "http://:1", "http://a:1/p"] {
             assert!(matches!(host_port(bad), Err(UrlError::Malformed(_))), "{bad}");
         }
         assert_eq!(resolve("http://127.0.0.1:9").unwrap(), vec!["127.0.0.1:9".parse().unwrap()]);
+    }
+
+    #[test]
+    fn listens_on_ips_and_localhost_only_as_etcd_does() {
+        let ok = |u: &str| listen_addr(u).expect("a bindable URL");
+        assert_eq!(ok("http://127.0.0.1:2379"), "127.0.0.1:2379".parse().expect("addr"));
+        assert_eq!(ok("http://localhost:2379"), "127.0.0.1:2379".parse().expect("addr"));
+        assert_eq!(ok("http://localhost:2379/"), "127.0.0.1:2379".parse().expect("addr"));
+        assert_eq!(ok("http://[::1]:2379"), "[::1]:2379".parse().expect("addr"));
+        assert_eq!(ok("http://0.0.0.0:2379"), "0.0.0.0:2379".parse().expect("addr"));
+        let no_scheme = listen_addr("127.0.0.1:2379").expect_err("no scheme");
+        assert_eq!(no_scheme, UrlError::NoScheme("127.0.0.1:2379".into()));
+        assert!(no_scheme.to_string().contains("has no scheme: write http://127.0.0.1:2379"));
+        let named = listen_addr("http://db1.example:2379").expect_err("a host name");
+        assert_eq!(
+            named.to_string().split(':').next(),
+            Some("expected IP in URL for binding (http")
+        );
+        assert!(matches!(listen_addr("https://127.0.0.1:2379"), Err(UrlError::Tls(_))));
+        assert!(matches!(listen_addr("http://127.0.0.1:99999"), Err(UrlError::Malformed(_))));
     }
 }
