@@ -5,49 +5,14 @@
 use std::time::Duration;
 
 use axum::http::{self, Method, Request, StatusCode};
-use cairn::{EngineConfig, ServeConfig};
 use cairn_proto::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
-struct Server {
-    port: u16,
-    kv: KvClient<Channel>,
-    _stop: tokio::sync::oneshot::Sender<()>,
-}
-
-async fn server(tag: &str) -> Server {
-    let dir = std::env::temp_dir().join(format!("cairn-http-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let port = probe.local_addr().expect("a bound port").port();
-    drop(probe);
-    let url = format!("http://127.0.0.1:{port}");
-    let cfg = ServeConfig {
-        engine: EngineConfig::new(tag, &dir),
-        listen_client_urls: vec![url.clone()],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = cairn::serve(cfg, async move {
-            let _ = stopped.await;
-        })
-        .await;
-        let _ = std::fs::remove_dir_all(&dir);
-    });
-    for _ in 0..100 {
-        if let Ok(kv) = KvClient::connect(url.clone()).await {
-            return Server { port, kv, _stop: stop };
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the server did not start");
-}
+mod common;
+use common::server;
 
 /// One HTTP/1.1 request over a fresh connection: the status, the content type and the body.
 async fn http1(

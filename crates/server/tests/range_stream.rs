@@ -3,9 +3,6 @@
 //! the last chunk only; limits, revision filters, count-only, the refused sort orders and a
 //! compacted revision.
 
-use std::time::Duration;
-
-use cairn::{EngineConfig, ServeConfig};
 use cairn_proto::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use tonic::transport::Channel;
@@ -14,33 +11,11 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     cairn::kv::range::prefix_end(p).to_vec()
 }
 
+mod common;
+
 async fn server(tag: &str) -> (KvClient<Channel>, tokio::sync::oneshot::Sender<()>) {
-    let dir = std::env::temp_dir().join(format!("cairn-rs-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-    let url = format!("http://127.0.0.1:{port}");
-    let cfg = ServeConfig {
-        engine: EngineConfig::new(tag, &dir),
-        listen_client_urls: vec![url.clone()],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = cairn::serve(cfg, async move {
-            let _ = stopped.await;
-        })
-        .await;
-        let _ = std::fs::remove_dir_all(&dir);
-    });
-    for _ in 0..100 {
-        if let Ok(c) = KvClient::connect(url.clone()).await {
-            return (c.max_decoding_message_size(64 << 20), stop);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the server did not start");
+    let s = common::server(&format!("rs-{tag}")).await;
+    (s.kv.max_decoding_message_size(64 << 20), s.stop)
 }
 
 async fn put(c: &mut KvClient<Channel>, k: String, v: Vec<u8>) -> i64 {

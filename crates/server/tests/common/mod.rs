@@ -1,0 +1,50 @@
+//! A cairn server in the test's own process, on a free loopback port, with its data in a
+//! directory of its own that is removed when the server stops.
+
+// Each test file uses a part of this (some keep the stop handle only to hold the server up).
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use cairn::{EngineConfig, ServeConfig};
+use cairn_proto::etcdserverpb::kv_client::KvClient;
+use tonic::transport::Channel;
+
+pub struct Server {
+    pub port: u16,
+    pub kv: KvClient<Channel>,
+    /// Dropping it stops the server.
+    pub stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Starts a server named `tag` and waits until a KV client connects.
+pub async fn server(tag: &str) -> Server {
+    let dir = std::env::temp_dir().join(format!("cairn-test-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let port = probe.local_addr().expect("a bound port").port();
+    drop(probe);
+    let url = format!("http://127.0.0.1:{port}");
+    let cfg = ServeConfig {
+        engine: EngineConfig::new(tag, &dir),
+        listen_client_urls: vec![url.clone()],
+        advertise_peer_urls: vec![],
+        watch_progress_interval: Duration::from_secs(600),
+        max_concurrent_streams: u32::MAX,
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        let _ = cairn::serve(cfg, async move {
+            let _ = stopped.await;
+        })
+        .await;
+        let _ = std::fs::remove_dir_all(&dir);
+    });
+    for _ in 0..100 {
+        if let Ok(kv) = KvClient::connect(url.clone()).await {
+            return Server { port, kv, stop };
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the server did not start");
+}
