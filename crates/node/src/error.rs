@@ -87,8 +87,9 @@ pub enum StorageError {
 pub enum OpenError {
     /// A file or directory of the data directory could not be used.
     Io { what: &'static str, path: PathBuf, source: Arc<std::io::Error> },
-    /// Another engine (in this or another process) holds the data directory.
-    Locked { dir: PathBuf },
+    /// Another engine (in this or another process) holds the data directory; `pid` is the
+    /// holder's process id, when its lock file names one.
+    Locked { dir: PathBuf, pid: Option<u32> },
     /// The member id file does not hold a member id.
     BadMemberId { path: PathBuf },
     /// The write-ahead log could not be opened (damaged, or unreadable).
@@ -195,9 +196,16 @@ impl fmt::Display for OpenError {
             OpenError::Io { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())
             }
-            OpenError::Locked { dir } => {
-                write!(f, "data directory {} is in use by another process", dir.display())
-            }
+            OpenError::Locked { dir, pid: Some(pid) } => write!(
+                f,
+                "data directory {} is in use by another process (pid {pid}); two servers on one directory would corrupt it",
+                dir.display()
+            ),
+            OpenError::Locked { dir, pid: None } => write!(
+                f,
+                "data directory {} is in use by another process; two servers on one directory would corrupt it",
+                dir.display()
+            ),
             OpenError::BadMemberId { path } => {
                 write!(f, "{} does not hold a member id", path.display())
             }
@@ -253,7 +261,9 @@ impl PartialEq for OpenError {
     fn eq(&self, other: &OpenError) -> bool {
         match (self, other) {
             (OpenError::Io { source: a, .. }, OpenError::Io { source: b, .. }) => Arc::ptr_eq(a, b),
-            (OpenError::Locked { dir: a }, OpenError::Locked { dir: b }) => a == b,
+            (OpenError::Locked { dir: a, pid: p }, OpenError::Locked { dir: b, pid: q }) => {
+                a == b && p == q
+            }
             (OpenError::BadMemberId { path: a }, OpenError::BadMemberId { path: b }) => a == b,
             (OpenError::Wal(a), OpenError::Wal(b)) => Arc::ptr_eq(a, b),
             (OpenError::Backend(a), OpenError::Backend(b)) => a == b,

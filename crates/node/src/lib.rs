@@ -38,6 +38,7 @@ pub mod cluster;
 pub mod command;
 pub mod committer;
 mod config;
+mod datadir;
 mod driver;
 mod engine;
 mod error;
