@@ -11,6 +11,8 @@ mod http;
 mod lease;
 mod listen;
 mod range_stream;
+#[cfg(test)]
+mod request_fuzz;
 pub mod services;
 mod streams;
 mod watch;
