@@ -56,11 +56,6 @@ pub(crate) fn client_budget(flag: usize, soft: Option<u64>, open: usize) -> Resu
             "the open-file limit ({soft}) leaves {left} client connections once {open} descriptors are open and {RESERVE} kept for the WAL, database and peers; raise it (ulimit -n, or LimitNOFILE= under systemd)"
         ));
     }
-    if flag != usize::MAX && flag > left {
-        tracing::warn!(
-            "--max-client-conns {flag} is more than the open-file limit ({soft}) allows; serving at most {left} client connections"
-        );
-    }
     Ok(flag.min(left))
 }
 
@@ -86,8 +81,11 @@ impl ConnLimit {
     pub(crate) fn for_clients(flag: usize, soft: Option<u64>) -> Result<Arc<ConnLimit>, String> {
         let open = open_fds().unwrap_or(RESERVE);
         let max = client_budget(flag, soft, open)?;
+        // The flag's default is often more than the limit allows: said, not warned about.
         let soft = soft.map_or("unlimited".to_string(), |s| s.to_string());
-        tracing::info!("serving at most {max} client connections (open-file limit {soft})");
+        tracing::info!(
+            "serving at most {max} client connections (--max-client-conns {flag}, open-file limit {soft}, {open} descriptors open, {RESERVE} kept for the WAL, database and peers)"
+        );
         Ok(ConnLimit::new(max))
     }
 
