@@ -11,8 +11,12 @@ use crate::KvError;
 /// etcd's default `--max-txn-ops`.
 pub const DEFAULT_MAX_TXN_OPS: usize = 128;
 
-/// The deepest nesting of transactions accepted (gRPC's protobuf decoding stops at 100 anyway).
-pub const MAX_TXN_DEPTH: usize = 64;
+/// The deepest nesting of transactions accepted (a transaction with no nested one has depth 1).
+/// etcd bounds nesting only through `--max-txn-ops`; cairn decodes requests with prost, which
+/// refuses messages nested more than 100 deep, about 50 transactions (each adds a `TxnRequest`
+/// and a `RequestOp`). This limit sits well under that, so every request is refused by this
+/// check, by name, and with room for the ops inside the innermost transaction.
+pub const MAX_TXN_DEPTH: usize = 32;
 
 /// Rejects what etcd rejects before proposing a put (`checkPutRequest`): no key, a value
 /// together with `ignore_value`, or a lease together with `ignore_lease`.

@@ -5,8 +5,6 @@ mod lease;
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 
 use std::collections::BTreeMap;
-use std::fs::File;
-use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -49,7 +47,7 @@ pub struct Engine {
     driver: Mutex<Option<JoinHandle<()>>>,
     ids: RequestIds,
     cfg: EngineConfig,
-    _lock: File,
+    _lock: crate::datadir::DirLock,
 }
 
 fn now_micros() -> u64 {
@@ -58,7 +56,6 @@ fn now_micros() -> u64 {
         .map_or(1, |d| d.as_micros() as u64)
 }
 
-/// Takes the data directory's lock for the life of the engine.
 /// How the replica starts on a data directory that has no log yet.
 fn bootstrap(cfg: &EngineConfig, id: u64) -> Bootstrap {
     match &cfg.cluster {
@@ -87,14 +84,6 @@ fn log_recovery(shared: &Shared, replayed: u64, started: Instant) {
         shared.store.current_revision(),
         shared.store.compacted_revision(),
     );
-}
-
-fn lock(cfg: &EngineConfig, member: &Path) -> Result<File, EngineError> {
-    let lock_path = member.join("LOCK");
-    let lock = File::create(&lock_path).map_err(io_err("create", &lock_path))?;
-    lock.try_lock()
-        .map_err(|_| EngineError::Open(OpenError::Locked { dir: cfg.data_dir.clone() }))?;
-    Ok(lock)
 }
 
 fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
@@ -136,8 +125,11 @@ impl Engine {
     pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
         let started = Instant::now();
         let member = cfg.data_dir.join("member");
-        std::fs::create_dir_all(&member).map_err(io_err("create", &member))?;
-        let lock = lock(&cfg, &member)?;
+        // The data directory first: tightening it also hides whatever an older version left
+        // readable inside.
+        crate::datadir::create_private(&cfg.data_dir)?;
+        crate::datadir::create_private(&member)?;
+        let lock = crate::datadir::lock(&cfg.data_dir, &member)?;
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);

@@ -111,6 +111,8 @@ pub enum OpenError {
     Locked {
         /// The data directory.
         dir: PathBuf,
+        /// The holder's process id, when its lock file names one.
+        pid: Option<u32>,
     },
     /// The member id file does not hold a member id.
     BadMemberId {
@@ -240,9 +242,16 @@ impl fmt::Display for OpenError {
             OpenError::Io { what, path, source } => {
                 write!(f, "{what} {}: {source}", path.display())
             }
-            OpenError::Locked { dir } => {
-                write!(f, "data directory {} is in use by another process", dir.display())
-            }
+            OpenError::Locked { dir, pid: Some(pid) } => write!(
+                f,
+                "data directory {} is in use by another process (pid {pid}); two servers on one directory would corrupt it",
+                dir.display()
+            ),
+            OpenError::Locked { dir, pid: None } => write!(
+                f,
+                "data directory {} is in use by another process; two servers on one directory would corrupt it",
+                dir.display()
+            ),
             OpenError::BadMemberId { path } => {
                 write!(f, "{} does not hold a member id", path.display())
             }
@@ -298,7 +307,9 @@ impl PartialEq for OpenError {
     fn eq(&self, other: &OpenError) -> bool {
         match (self, other) {
             (OpenError::Io { source: a, .. }, OpenError::Io { source: b, .. }) => Arc::ptr_eq(a, b),
-            (OpenError::Locked { dir: a }, OpenError::Locked { dir: b }) => a == b,
+            (OpenError::Locked { dir: a, pid: p }, OpenError::Locked { dir: b, pid: q }) => {
+                a == b && p == q
+            }
             (OpenError::BadMemberId { path: a }, OpenError::BadMemberId { path: b }) => a == b,
             (OpenError::Wal(a), OpenError::Wal(b)) => Arc::ptr_eq(a, b),
             (OpenError::Backend(a), OpenError::Backend(b)) => a == b,

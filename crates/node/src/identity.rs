@@ -100,7 +100,8 @@ fn read_id(path: &Path) -> Result<Option<u64>, EngineError> {
 }
 
 fn write_id(path: &Path, id: u64) -> Result<(), EngineError> {
-    let mut f = File::create(path).map_err(io_err("create", path))?;
+    let mut f = crate::datadir::open_private(path).map_err(io_err("create", path))?;
+    f.set_len(0).map_err(io_err("truncate", path))?;
     writeln!(f, "{id:016x}").map_err(io_err("write", path))?;
     f.sync_all().map_err(io_err("sync", path))
 }

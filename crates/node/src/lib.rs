@@ -45,6 +45,7 @@ pub mod command;
 #[doc(hidden)]
 pub mod committer;
 mod config;
+mod datadir;
 mod driver;
 mod engine;
 mod error;

@@ -27,6 +27,8 @@ mod convert;
 #[cfg(feature = "server")]
 mod errors;
 #[cfg(feature = "server")]
+mod fdlimit;
+#[cfg(feature = "server")]
 mod grpc_limit;
 #[cfg(feature = "server")]
 mod http;
@@ -38,6 +40,8 @@ mod listen;
 mod pipe;
 #[cfg(feature = "server")]
 mod range_stream;
+#[cfg(all(test, feature = "server"))]
+mod request_fuzz;
 #[cfg(feature = "server")]
 mod services;
 #[cfg(feature = "server")]
@@ -81,6 +85,9 @@ pub struct ServeConfig {
     pub watch_progress_interval: std::time::Duration,
     /// etcd's `--max-concurrent-streams`: HTTP/2 streams per client connection.
     pub max_concurrent_streams: u32,
+    /// Most client connections open at once (0: as many as the open-file limit allows, less
+    /// the descriptors kept for the WAL, database and peers, which bounds any value).
+    pub max_client_conns: usize,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -107,6 +114,7 @@ pub async fn serve(
         .collect::<Result<_, _>>()
         .map_err(anyhow::Error::msg)?;
     let max_request = cfg.engine.max_request_bytes;
+    let fd_limit = fdlimit::raise_nofile();
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
     // Set when the server stops: graceful shutdown waits for every stream to end, so the
     // streams that would never end by themselves (watches) end on it.
@@ -146,11 +154,18 @@ pub async fn serve(
         },
     ));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
-    let mut servers = Vec::new();
+    let mut listeners = Vec::new();
     for addr in addrs {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
+        listeners.push((addr, listener));
+    }
+    // Once everything but the clients is open: the engine, the peer transport, the listeners.
+    let conns = fdlimit::ConnLimit::for_clients(cfg.max_client_conns, fd_limit)
+        .map_err(anyhow::Error::msg)?;
+    let mut servers = Vec::new();
+    for (addr, listener) in listeners {
         eprintln!("cairn: serving the etcd v3 API on http://{addr}");
         let max_streams = cfg.max_concurrent_streams;
         servers.push(tokio::spawn(listen::serve(
@@ -158,6 +173,7 @@ pub async fn serve(
             router.clone(),
             stop_rx.clone(),
             max_streams,
+            conns.clone(),
         )));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with

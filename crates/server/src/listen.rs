@@ -11,6 +11,7 @@
 //! A 16 MiB connection window gives a budget of about 35,000 frames per connection, while the
 //! per-stream window (1 MiB) still bounds what one stream may send ahead.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
@@ -24,6 +25,7 @@ use tokio::sync::watch;
 use tower::ServiceExt;
 
 use crate::coalesce::Coalesced;
+use crate::fdlimit::ConnLimit;
 
 /// The connection window: see the module's comment.
 const CONNECTION_WINDOW: u32 = 16 << 20;
@@ -31,12 +33,14 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 /// Serves `router` on `listener` until `stop` turns true, then lets open connections finish.
 /// `max_streams` bounds the concurrent streams of one connection (etcd's
 /// `--max-concurrent-streams`): etcd clients put every call and watch on one connection, and
-/// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait.
+/// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait. A connection
+/// past `conns` is closed at once, so clients never take the descriptors the WAL needs.
 pub(crate) async fn serve(
     listener: TcpListener,
     router: crate::http::Dispatch,
     stop: watch::Receiver<bool>,
     max_streams: u32,
+    conns: Arc<ConnLimit>,
 ) {
     let stopping = crate::streams::stopped(stop);
     tokio::pin!(stopping);
@@ -59,6 +63,7 @@ pub(crate) async fn serve(
             },
             () = &mut stopping => break,
         };
+        let Some(admitted) = conns.admit() else { continue };
         // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
         let _ = tcp.set_nodelay(true);
         // Frames written together (see `Coalesced`); etcdctl 3.4 sends a URL as :authority,
@@ -70,6 +75,7 @@ pub(crate) async fn serve(
         let conn = graceful.watch(conn.into_owned());
         tokio::spawn(async move {
             let _ = conn.await;
+            drop(admitted);
         });
     }
     graceful.shutdown().await;

@@ -100,6 +100,11 @@ struct ServeArgs {
     /// never starves writes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     lease_revoke_rate: u64,
+    /// Most client connections open at once (0: no cap of its own). Never more than the
+    /// open-file limit allows once descriptors are kept for the WAL, database and peers; past
+    /// the cap, new connections are closed at once. etcd has no such flag.
+    #[arg(long, default_value_t = 10_000)]
+    max_client_conns: usize,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -160,6 +165,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         advertise_peer_urls: a.initial_advertise_peer_urls,
         watch_progress_interval: a.watch_progress_notify_interval,
         max_concurrent_streams: a.max_concurrent_streams,
+        max_client_conns: a.max_client_conns,
     })
 }
 

@@ -228,7 +228,7 @@ fn handle(ws: &mut WatchStream, req: wpb::WatchRequest) {
     }
 }
 
-fn spec(c: wpb::WatchCreateRequest) -> WatchSpec {
+pub(crate) fn spec(c: wpb::WatchCreateRequest) -> WatchSpec {
     use wpb::watch_create_request::FilterType;
     let has = |f: FilterType| c.filters.contains(&(f as i32));
     WatchSpec {

@@ -2,9 +2,9 @@
 //! and [`File`], so tests can swap in [`crate::faulty::FaultyDir`], which loses unsynced writes on
 //! a simulated crash and fails operations on demand.
 
-use std::fs::{self, OpenOptions};
+use std::fs::{self, DirBuilder, OpenOptions};
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{DirBuilderExt, FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// A directory of files.
@@ -30,6 +30,17 @@ pub trait File {
     fn set_len(&mut self, len: u64) -> io::Result<()>;
 }
 
+/// Permissions of the directories storage creates: the log holds every key and value, so it is
+/// the owner's alone (as etcd makes it).
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+/// Permissions of the files storage creates.
+pub const PRIVATE_FILE_MODE: u32 = 0o600;
+
+/// Creates `path` and its missing parents with [`PRIVATE_DIR_MODE`].
+pub fn create_private_dir(path: &Path) -> io::Result<()> {
+    DirBuilder::new().recursive(true).mode(PRIVATE_DIR_MODE).create(path)
+}
+
 /// A real directory.
 #[derive(Clone, Debug)]
 pub struct OsDir {
@@ -37,9 +48,9 @@ pub struct OsDir {
 }
 
 impl OsDir {
-    /// Opens `path`, creating it (and its parents) if missing.
+    /// Opens `path`, creating it (and its parents) private to the owner if missing.
     pub fn create(path: impl AsRef<Path>) -> io::Result<OsDir> {
-        fs::create_dir_all(path.as_ref())?;
+        create_private_dir(path.as_ref())?;
         Ok(OsDir { path: path.as_ref().to_path_buf() })
     }
 
@@ -63,6 +74,7 @@ impl Dir for OsDir {
             .write(true)
             .create(true)
             .truncate(false)
+            .mode(PRIVATE_FILE_MODE)
             .open(self.path.join(name))?;
         Ok(OsFile { file })
     }

@@ -85,7 +85,8 @@ impl LmdbBackend {
     /// Opens (creating if needed) the environment in directory `path`. `map_size` bounds the
     /// database's size; it is address space, not memory.
     pub fn open(path: &Path, map_size: usize) -> Result<LmdbBackend, BackendError> {
-        std::fs::create_dir_all(path)
+        // LMDB creates its files 0600 itself.
+        crate::fs::create_private_dir(path)
             .map_err(|e| open_err("create directory", path)(heed::Error::Io(e)))?;
         let mut opts = EnvOpenOptions::new().read_txn_without_tls();
         opts.map_size(map_size).max_dbs(4).max_readers(1024);

@@ -31,6 +31,7 @@ pub async fn server(tag: &str) -> Server {
         advertise_peer_urls: vec![],
         watch_progress_interval: Duration::from_secs(600),
         max_concurrent_streams: u32::MAX,
+        max_client_conns: 0,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
