@@ -139,14 +139,10 @@ func (s *server) kill() {
 	}
 }
 
+// stop ends the server gracefully (SIGTERM, SIGKILL after 10 s).
 func (s *server) stop() {
 	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(10 * time.Second):
-			s.kill()
-		}
+		harness.Stop(s.cmd.Process, s.exited, 10*time.Second)
 		s.cmd = nil
 	}
 }

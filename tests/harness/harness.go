@@ -15,7 +15,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // CairnBin is the binary under test: $CAIRN_BIN, or the workspace's release, then debug build
@@ -105,4 +107,17 @@ func FailingServer(t testing.TB) string {
 		t.Fatal(err)
 	}
 	return fake
+}
+
+// Stop ends one started process: SIGTERM, then SIGKILL if it has not exited within grace, and
+// returns once exited (closed when the process has been reaped) is. It signals through the
+// os.Process, which targets that PID and cannot hit a reused one once the process is reaped.
+func Stop(p *os.Process, exited <-chan struct{}, grace time.Duration) {
+	_ = p.Signal(syscall.SIGTERM)
+	select {
+	case <-exited:
+	case <-time.After(grace):
+		_ = p.Signal(syscall.SIGKILL)
+		<-exited
+	}
 }

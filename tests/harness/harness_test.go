@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestRandomFreePortStaysInItsRangeAndAvoids: every port comes from below the ephemeral range,
@@ -112,4 +113,47 @@ func (r *recorder) Helper() {}
 func (r *recorder) Fatalf(format string, args ...any) {
 	r.fatal = fmt.Sprintf(format, args...)
 	panic("Fatalf")
+}
+
+// TestStopTermsThenKills: a process that exits on SIGTERM is not waited out; one that ignores
+// it is killed once the grace has passed, and Stop returns only after it has been reaped.
+func TestStopTermsThenKills(t *testing.T) {
+	for _, c := range []struct {
+		script     string
+		atLeast    time.Duration
+		terminated bool
+	}{
+		{"exec sleep 30", 0, true},
+		// A shell builtin loop: no child that would outlive the shell's SIGKILL.
+		{"trap '' TERM; echo ready; while :; do :; done", 300 * time.Millisecond, false},
+	} {
+		cmd := exec.Command("sh", "-c", c.script)
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		if !c.terminated {
+			// The trap must be set before the SIGTERM, or the shell dies of it.
+			_, _ = out.Read(make([]byte, 6))
+		}
+		exited := make(chan struct{})
+		var waitErr error
+		go func() { waitErr = cmd.Wait(); close(exited) }()
+		started := time.Now()
+		Stop(cmd.Process, exited, 300*time.Millisecond)
+		took := time.Since(started)
+		if took < c.atLeast || (c.terminated && took > 5*time.Second) {
+			t.Fatalf("%q: Stop took %v", c.script, took)
+		}
+		want := "signal: killed"
+		if c.terminated {
+			want = "signal: terminated"
+		}
+		if waitErr == nil || waitErr.Error() != want {
+			t.Fatalf("%q: the process ended with %v, not %s", c.script, waitErr, want)
+		}
+	}
 }

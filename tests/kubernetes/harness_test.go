@@ -153,19 +153,13 @@ func (s *server) start(dataDir string, opts serverOpts) error {
 	return fmt.Errorf("%s not healthy on %s after 15s", bin, s.url)
 }
 
-// stop ends the one process this test started (SIGTERM, then SIGKILL after 10 s) through its
-// os.Process, which targets that PID and cannot hit a reused one once the process is reaped.
+// stop ends the one process this test started (SIGTERM, then SIGKILL after 10 s), and quotes
+// its log if the test failed.
 func (s *server) stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.exited
-	}
+	harness.Stop(s.cmd.Process, s.exited, 10*time.Second)
 	s.cmd = nil
 	if s.t.Failed() {
 		s.t.Logf("server log (%s):\n%s", s.url, s.logTail())
