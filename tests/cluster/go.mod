@@ -26,3 +26,8 @@ require (
 	google.golang.org/grpc v1.59.0 // indirect
 	google.golang.org/protobuf v1.33.0 // indirect
 )
+
+require cairn.dev/harness v0.0.0
+
+// The shared harness lives in this repository, next to this module: no network, no version.
+replace cairn.dev/harness => ../harness

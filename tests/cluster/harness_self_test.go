@@ -1,22 +1,17 @@
 package cluster
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"cairn.dev/harness"
 )
 
 // TestAMemberThatCannotStartIsReportedAtOnce: members that exit during start are reported
 // within moments, with their own output, so a leader wait stops at once instead of after 20 s.
 func TestAMemberThatCannotStartIsReportedAtOnce(t *testing.T) {
-	fake := filepath.Join(t.TempDir(), "cairn")
-	script := "#!/bin/sh\necho 'fake cairn: cannot start, for the test'\nexit 3\n"
-	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	c := startCluster(t, 3, []string{fake})
+	c := startCluster(t, 3, []string{harness.FailingServer(t)})
 	deadline := time.Now().Add(5 * time.Second)
 	for c.crashReport() == "" && time.Now().Before(deadline) {
 		time.Sleep(20 * time.Millisecond)

@@ -13,10 +13,7 @@ package cluster
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"math/rand"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,55 +23,18 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/harness"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
 
 func etcdBin() string { return os.Getenv("CLUSTER_ETCD") }
 
-func cairnBin(t *testing.T) string {
-	if b := os.Getenv("CAIRN_BIN"); b != "" {
-		if _, err := os.Stat(b); err != nil {
-			t.Fatalf("cairn did not start: no such file %s (CAIRN_BIN)", b)
-		}
-		return b
-	}
-	dir := targetDir()
-	for _, p := range []string{filepath.Join(dir, "release", "cairn"), filepath.Join(dir, "debug", "cairn")} {
-		if _, err := os.Stat(p); err == nil {
-			abs, _ := filepath.Abs(p)
-			return abs
-		}
-	}
-	t.Fatalf("cairn binary not found in %s: build it (cargo build --release -p cairn) or set CAIRN_BIN", dir)
-	return ""
-}
-
-// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
-// build.target-dir), or ../../target where cargo cannot be asked.
-func targetDir() string {
-	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
-		"--manifest-path", "../../Cargo.toml").Output()
-	var meta struct {
-		TargetDirectory string `json:"target_directory"`
-	}
-	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
-		return "../../target"
-	}
-	return meta.TargetDirectory
-}
-
-// freePort returns a port that is free now, drawn below Linux's ephemeral range (32768 and up)
-// so that no outgoing connection of the members or the proxy can take it before its owner binds
-// it: a fault run makes hundreds of connections.
+// freePort returns a port that is free now, from below the ephemeral range (see
+// harness.RandomFreePort): a fault run makes hundreds of connections.
 func freePort(t *testing.T) int {
-	for attempt := 0; attempt < 100; attempt++ {
-		port := 20000 + rand.Intn(12000)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err == nil {
-			l.Close()
-			return port
-		}
+	if port := harness.RandomFreePort(100); port != 0 {
+		return port
 	}
 	t.Fatal("no free port between 20000 and 32000")
 	return 0
@@ -135,7 +95,7 @@ func defaultBin(t *testing.T) []string {
 	if e := etcdBin(); e != "" {
 		return []string{e}
 	}
-	return []string{cairnBin(t), "serve"}
+	return []string{harness.CairnBin(t), "serve"}
 }
 
 func (c *cluster) start(i int) {
@@ -302,10 +262,7 @@ func (c *cluster) crashReport() string {
 		return ""
 	}
 	name := strings.Fields(crashed[0])[0]
-	log, _ := os.ReadFile(filepath.Join(c.root, name+".log"))
-	if len(log) > 3000 {
-		log = log[len(log)-3000:]
-	}
+	log := harness.Tail(filepath.Join(c.root, name+".log"), 3000)
 	return fmt.Sprintf("%s; %s's log ends:\n%s", strings.Join(crashed, "; "), name, log)
 }
 

@@ -25,3 +25,8 @@ require (
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20230822172742-b8732ec3820d // indirect
 	google.golang.org/protobuf v1.33.0 // indirect
 )
+
+require cairn.dev/harness v0.0.0
+
+// The shared harness lives in this repository, next to this module: no network, no version.
+replace cairn.dev/harness => ../harness

@@ -1,22 +1,19 @@
 package compat
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"cairn.dev/harness"
 )
 
 // TestStartFailsFastWithTheServersOutput: a server that exits during start fails the start at
 // once, in its own words, rather than after the health wait; a missing binary says so.
 func TestStartFailsFastWithTheServersOutput(t *testing.T) {
-	fake := filepath.Join(t.TempDir(), "cairn")
-	script := "#!/bin/sh\necho 'fake cairn: cannot start, for the test' >&2\nexit 3\n"
-	if err := os.WriteFile(fake, []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	fake := harness.FailingServer(t)
 	started := time.Now()
 	_, err := launch(exec.Command(fake), "http://127.0.0.1:1", 15*time.Second)
 	if err == nil || !strings.Contains(err.Error(), "cannot start, for the test") {

@@ -5,59 +5,24 @@ package compat
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
+	"cairn.dev/harness"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
 // etcdBin is set ($COMPAT_ETCD=/path/to/etcd) to run the whole suite against real etcd instead
 // of cairn: every expectation here is a claim about etcd's behaviour, and this checks it.
 func etcdBin() string { return os.Getenv("COMPAT_ETCD") }
-
-// cairnBin is the binary under test: $CAIRN_BIN, or the workspace's release/debug build in
-// cargo's target directory.
-func cairnBin(t *testing.T) string {
-	if b := os.Getenv("CAIRN_BIN"); b != "" {
-		if _, err := os.Stat(b); err != nil {
-			t.Fatalf("cairn did not start: no such file %s (CAIRN_BIN)", b)
-		}
-		return b
-	}
-	dir := targetDir()
-	for _, p := range []string{filepath.Join(dir, "release", "cairn"), filepath.Join(dir, "debug", "cairn")} {
-		if _, err := os.Stat(p); err == nil {
-			abs, _ := filepath.Abs(p)
-			return abs
-		}
-	}
-	t.Fatalf("cairn binary not found in %s: build it (cargo build --release -p cairn) or set CAIRN_BIN", dir)
-	return ""
-}
-
-// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
-// build.target-dir), or ../../target where cargo cannot be asked.
-func targetDir() string {
-	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
-		"--manifest-path", "../../Cargo.toml").Output()
-	var meta struct {
-		TargetDirectory string `json:"target_directory"`
-	}
-	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
-		return "../../target"
-	}
-	return meta.TargetDirectory
-}
 
 func freePort(t *testing.T) int {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -103,7 +68,7 @@ func (s *server) start(extra ...string) {
 		s.cmd = exec.Command(e, args...)
 	} else {
 		args := append([]string{"serve", "--data-dir", s.dataDir, "--listen-client-urls", s.url}, extra...)
-		s.cmd = exec.Command(cairnBin(s.t), args...)
+		s.cmd = exec.Command(harness.CairnBin(s.t), args...)
 	}
 	exited, err := launch(s.cmd, s.url, 15*time.Second)
 	s.exited = exited
@@ -174,14 +139,10 @@ func (s *server) kill() {
 	}
 }
 
+// stop ends the server gracefully (SIGTERM, SIGKILL after 10 s).
 func (s *server) stop() {
 	if s.cmd != nil && s.cmd.Process != nil {
-		_ = s.cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-s.exited:
-		case <-time.After(10 * time.Second):
-			s.kill()
-		}
+		harness.Stop(s.cmd.Process, s.exited, 10*time.Second)
 		s.cmd = nil
 	}
 }

@@ -24,3 +24,8 @@ require (
 	google.golang.org/grpc v1.83.2 // indirect
 	google.golang.org/protobuf v1.36.11 // indirect
 )
+
+require cairn.dev/harness v0.0.0
+
+// The shared harness lives in this repository, next to this module: no network, no version.
+replace cairn.dev/harness => ../harness

@@ -7,12 +7,8 @@
 package k8scontract
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"math/rand"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -22,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"cairn.dev/harness"
 	"github.com/coreos/go-semver/semver"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/kubernetes"
@@ -32,11 +29,13 @@ import (
 // check that every expectation here is one real etcd meets.
 func etcdBin() string { return os.Getenv("K8S_ETCD") }
 
+// cairnBin is $CAIRN_BIN or the release build, as an absolute path. It is this suite's own, not
+// harness.CairnBin: it takes the release build only, never a debug one, and says so when missing.
 func cairnBin(t *testing.T) string {
 	t.Helper()
 	b := os.Getenv("CAIRN_BIN")
 	if b == "" {
-		b = filepath.Join(targetDir(), "release", "cairn")
+		b = filepath.Join(harness.TargetDir(), "release", "cairn")
 	}
 	abs, err := filepath.Abs(b)
 	if err != nil {
@@ -48,39 +47,12 @@ func cairnBin(t *testing.T) string {
 	return abs
 }
 
-// targetDir is cargo's target directory as cargo resolves it ($CARGO_TARGET_DIR,
-// build.target-dir), or ../../target where cargo cannot be asked.
-func targetDir() string {
-	out, err := exec.Command("cargo", "metadata", "--format-version", "1", "--no-deps",
-		"--manifest-path", "../../Cargo.toml").Output()
-	var meta struct {
-		TargetDirectory string `json:"target_directory"`
-	}
-	if err != nil || json.Unmarshal(out, &meta) != nil || meta.TargetDirectory == "" {
-		return "../../target"
-	}
-	return meta.TargetDirectory
-}
-
-// randomFreePort draws a port from [20000, 32000) at random and checks that nothing listens on
-// it. Between this check and the server's bind another process could take it: startServer then
-// retries with fresh ports.
+// randomFreePort draws a port from [20000, 32000) at random (harness.RandomFreePort) and checks
+// that nothing listens on it. Between this check and the server's bind another process could
+// take it: startServer then retries with fresh ports.
 func randomFreePort(t *testing.T, avoid ...int) int {
 	t.Helper()
-	for i := 0; i < 200; i++ {
-		p := 20000 + rand.Intn(12000)
-		taken := false
-		for _, a := range avoid {
-			taken = taken || a == p
-		}
-		if taken {
-			continue
-		}
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
-		if err != nil {
-			continue
-		}
-		l.Close()
+	if p := harness.RandomFreePort(200, avoid...); p != 0 {
 		return p
 	}
 	t.Fatal("no free port found in 20000-32000")
@@ -181,19 +153,13 @@ func (s *server) start(dataDir string, opts serverOpts) error {
 	return fmt.Errorf("%s not healthy on %s after 15s", bin, s.url)
 }
 
-// stop ends the one process this test started (SIGTERM, then SIGKILL after 10 s) through its
-// os.Process, which targets that PID and cannot hit a reused one once the process is reaped.
+// stop ends the one process this test started (SIGTERM, then SIGKILL after 10 s), and quotes
+// its log if the test failed.
 func (s *server) stop() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	_ = s.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-s.exited:
-	case <-time.After(10 * time.Second):
-		_ = s.cmd.Process.Signal(syscall.SIGKILL)
-		<-s.exited
-	}
+	harness.Stop(s.cmd.Process, s.exited, 10*time.Second)
 	s.cmd = nil
 	if s.t.Failed() {
 		s.t.Logf("server log (%s):\n%s", s.url, s.logTail())
@@ -201,11 +167,7 @@ func (s *server) stop() {
 }
 
 func (s *server) logTail() string {
-	b, _ := os.ReadFile(s.logPath)
-	if len(b) > 4000 {
-		b = b[len(b)-4000:]
-	}
-	return string(bytes.TrimSpace(b))
+	return strings.TrimSpace(harness.Tail(s.logPath, 4000))
 }
 
 // client returns a kubernetes.Client (a clientv3.Client plus the Kubernetes interface), closed

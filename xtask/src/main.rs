@@ -13,7 +13,8 @@
 //!    if missing), `cairn bench` against Debian's etcd and cairn, the comparison runner in its
 //!    quick mode, and the official Go client (`tests/compat`, modules from the Go proxy), whose
 //!    suite then runs against Debian's etcd too, to check its expectations against etcd itself;
-//!    then `tests/kubernetes` (etcd client 3.6's kubernetes interface) the same two ways.
+//!    then `tests/kubernetes` (etcd client 3.6's kubernetes interface) the same two ways. The Go
+//!    suites' shared helpers (`tests/harness`, a module of their own) are tested first.
 //!
 //! 7. the fault harness (`tests/cluster`): 3-member clusters of real processes under kill -9,
 //!    SIGSTOP, partitions and leadership moves, histories judged by porcupine, over three seeds;
@@ -138,6 +139,9 @@ fn compat() -> Result<(), String> {
     if !have("go") {
         return Err("Go is needed for tests/compat (the official etcd client); install it".into());
     }
+    // The harness the Go suites share (a local module they take by `replace`), on its own first:
+    // a broken helper then fails here, by name, rather than as every suite's start-up error.
+    run("tests/harness", "go", &["test", "-count=1", "./..."], &[])?;
     run("tests/compat", "go", &["test", "-count=1", "./..."], &[("CAIRN_BIN", bin)])?;
     // The same suite against Debian's etcd: the expectations are claims about etcd's behaviour,
     // so etcd itself must pass them too.

@@ -1,0 +1,3 @@
+module cairn.dev/harness
+
+go 1.22
