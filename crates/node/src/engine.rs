@@ -61,6 +61,17 @@ fn lock(cfg: &EngineConfig, member: &Path) -> Result<File, EngineError> {
     Ok(lock)
 }
 
+/// Names the log's files in `e` by their paths under `wal`, so an operator can find the damage.
+fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
+    match e {
+        OpenError::Wal(w) => match Arc::try_unwrap(w) {
+            Ok(w) => OpenError::Wal(Arc::new(w.in_dir(wal))),
+            Err(w) => OpenError::Wal(w),
+        },
+        e => e,
+    }
+}
+
 fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     let mut raft = cairn_raft::Config::new(NodeId(id));
     raft.election_timeout_ticks = cfg.election_ticks;
@@ -119,7 +130,7 @@ impl Engine {
             founding,
             now_micros(),
         )
-        .map_err(EngineError::Open)?;
+        .map_err(|e| EngineError::Open(wal_paths(e, &wal_path)))?;
         let lease_clock = replica.lease_clock();
         let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
         let shared = Arc::new(shared);
