@@ -99,6 +99,10 @@ pub enum OpenError {
     Raft(cairn_raft::ConfigError),
     /// Replaying the log failed.
     Replay(StorageError),
+    /// The store applied entries the log no longer holds (a repair cut them).
+    LogBehindStore { applied: u64, log_end: LogIndex },
+    /// The log was compacted past what the store holds (the database was replaced).
+    StoreBehindLog { applied: u64, compacted: LogIndex },
     /// A thread could not be started.
     Spawn(Arc<std::io::Error>),
     /// The data directory belongs to another member than the flags describe.
@@ -205,6 +209,14 @@ impl fmt::Display for OpenError {
             OpenError::Backend(e) => write!(f, "{e}"),
             OpenError::Raft(e) => write!(f, "{e}"),
             OpenError::Replay(e) => write!(f, "replaying the log: {e}"),
+            OpenError::LogBehindStore { applied, log_end } => write!(
+                f,
+                "the database has applied the log up to index {applied}, but the log ends at {log_end}: the log lost entries (cut by `cairn wal repair`?). Remove the member and add it back with an empty data directory"
+            ),
+            OpenError::StoreBehindLog { applied, compacted } => write!(
+                f,
+                "the database has applied the log up to index {applied}, but the log holds only entries after index {compacted}: it cannot rebuild the database. Restore the database, or remove the member and add it back with an empty data directory"
+            ),
             OpenError::Spawn(e) => write!(f, "starting a thread: {e}"),
             OpenError::OtherMember { dir, found, expected } => write!(
                 f,
@@ -259,6 +271,14 @@ impl PartialEq for OpenError {
             (OpenError::Backend(a), OpenError::Backend(b)) => a == b,
             (OpenError::Raft(a), OpenError::Raft(b)) => a == b,
             (OpenError::Replay(a), OpenError::Replay(b)) => a == b,
+            (
+                OpenError::LogBehindStore { applied: a, log_end: x },
+                OpenError::LogBehindStore { applied: b, log_end: y },
+            ) => a == b && x == y,
+            (
+                OpenError::StoreBehindLog { applied: a, compacted: x },
+                OpenError::StoreBehindLog { applied: b, compacted: y },
+            ) => a == b && x == y,
             (OpenError::Spawn(a), OpenError::Spawn(b)) => Arc::ptr_eq(a, b),
             (
                 OpenError::OtherMember { dir: a, found: x, expected: y },

@@ -7,6 +7,8 @@ use cairn::{EngineConfig, ServeConfig};
 use cairn_node::cluster::{ClusterConfig, ClusterState};
 use clap::{Args, Parser, Subcommand};
 
+mod wal_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "cairn",
@@ -26,6 +28,9 @@ enum Cmd {
     Serve(ServeArgs),
     /// Benchmark any etcd v3 endpoint (cairn or etcd), or an embedded engine.
     Bench(cairn_bench::BenchArgs),
+    /// Work on a stopped member's write-ahead log.
+    #[command(subcommand)]
+    Wal(wal_cmd::WalCmd),
 }
 
 #[derive(Args, Clone)]
@@ -201,6 +206,7 @@ fn main() -> Result<()> {
     let args = match cli.command {
         Some(Cmd::Serve(a)) => a,
         Some(Cmd::Bench(b)) => return bench(b),
+        Some(Cmd::Wal(w)) => return wal_cmd::run(w),
         None => cli.serve,
     };
     tracing_subscriber::fmt()

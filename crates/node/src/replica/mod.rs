@@ -218,6 +218,20 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     ) -> Result<Replica<D, B, T>, OpenError> {
         let wal_err = |e| OpenError::Wal(Arc::new(e));
         let (mut wal, rec) = Wal::open(dir, wal_opts).map_err(wal_err)?;
+        // The log is persisted before anything is applied, so it always reaches the store's
+        // applied index; when it does not, it lost entries (a repair cut them) and serving on
+        // would reuse indexes the store already applied.
+        let log_end = rec.entries.last().map(|e| e.index);
+        let log_end = log_end.or(rec.snapshot.as_ref().map(|s| s.index)).unwrap_or_default();
+        if store.applied_index() > log_end.0 {
+            return Err(OpenError::LogBehindStore { applied: store.applied_index(), log_end });
+        }
+        // And the log is compacted only up to what the store made durable: a store behind the
+        // compaction point (a database replaced by an empty one) cannot be rebuilt from it.
+        let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
+        if store.applied_index() < compacted.0 {
+            return Err(OpenError::StoreBehindLog { applied: store.applied_index(), compacted });
+        }
         let persisted = match (is_fresh(&rec), bootstrap) {
             (true, Bootstrap::Founding(conf)) => {
                 // Persist the founding configuration before anything else happens.
