@@ -61,6 +61,16 @@ fn lock(cfg: &EngineConfig, member: &Path) -> Result<File, EngineError> {
     Ok(lock)
 }
 
+/// Whether a transaction may put (in either branch, at any depth): etcd charges those to the
+/// quota and lets read-only and delete-only ones through.
+fn txn_puts(t: &cairn_kv::TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).any(|op| match op {
+        cairn_kv::RequestOp::Put(_) => true,
+        cairn_kv::RequestOp::Txn(inner) => txn_puts(inner),
+        _ => false,
+    })
+}
+
 /// Names the log's files in `e` by their paths under `wal`, so an operator can find the damage.
 fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
     match e {
@@ -107,7 +117,7 @@ impl Engine {
         let lock = lock(&cfg, &member)?;
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
-        let backend = LmdbBackend::open(&member.join("db"), cfg.lmdb_map_bytes)
+        let backend = LmdbBackend::open(&member.join("db"), cfg.map_bytes())
             .map_err(|e| EngineError::Open(OpenError::Backend(e)))?;
         let store =
             Arc::new(Store::open(backend).map_err(|e| EngineError::Open(OpenError::Backend(e)))?);
@@ -283,10 +293,26 @@ impl Engine {
             max_txn_ops: self.cfg.max_txn_ops,
         };
         let data = prepare(id, &cmd, limits)?;
+        self.check_quota(&cmd, data.len())?;
         match self.ask(|reply| Input::Propose { id, data, reply }).await? {
             Reply::Command(resp) => Ok(resp),
             _ => Err(EngineError::Internal("a proposal answered as something else")),
         }
+    }
+
+    /// etcd's quota: a request that adds data fails once the database plus the request would
+    /// pass the quota. Deletes, compaction and reads never do, so space can be reclaimed.
+    fn check_quota(&self, cmd: &Command, bytes: usize) -> Result<(), EngineError> {
+        let Some(quota) = self.cfg.quota_backend_bytes else { return Ok(()) };
+        let adds = match cmd {
+            Command::Put(_) | Command::LeaseGrant { .. } => true,
+            Command::Txn(t) => txn_puts(t),
+            _ => false,
+        };
+        if adds && self.shared.store.size_bytes().saturating_add(bytes as u64) >= quota {
+            return Err(EngineError::NoSpace);
+        }
+        Ok(())
     }
 
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, EngineError> {

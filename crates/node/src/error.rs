@@ -47,6 +47,8 @@ pub enum EngineError {
     Watch(cairn_kv::watch::group::CreateError),
     /// A reply did not match its request: a bug, reported rather than hidden.
     Internal(&'static str),
+    /// The database reached `--quota-backend-bytes` (etcd's `ErrNoSpace`).
+    NoSpace,
 }
 
 /// Why the engine stopped serving.
@@ -137,6 +139,7 @@ impl EngineError {
             EngineError::Open(e) => e.to_string(),
             EngineError::Watch(e) => e.reason().into(),
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
+            EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
         }
     }
 
@@ -151,6 +154,7 @@ impl EngineError {
                 | EngineError::LeaderTransfer
                 | EngineError::Open(_)
                 | EngineError::Watch(_)
+                | EngineError::NoSpace
         )
     }
 }

@@ -75,7 +75,8 @@ struct ServeArgs {
     /// Time before an election, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
-    /// Address space reserved for the database file, in bytes.
+    /// Database size past which writes that add data fail with "database space exceeded"
+    /// (reads, deletes and compaction keep working), in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     quota_backend_bytes: usize,
     /// Applied entries between compactions of the Raft log (etcd 3.6's default: 10,000).
@@ -118,7 +119,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
     engine.max_request_bytes = a.max_request_bytes;
     engine.max_txn_ops = a.max_txn_ops;
-    engine.lmdb_map_bytes = a.quota_backend_bytes;
+    engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
     if a.read_mode == "lease" {
