@@ -4,6 +4,7 @@
 //!   with checksummed records, group commit, torn-tail repair and segment removal; [`repair`]
 //!   truncates a damaged log on an operator's command, keeping a copy of what it cuts.
 //! - [`lmdb`]: the state machine's history in LMDB (through heed), behind cairn-kv's `Backend`.
+//! - [`lmdb_check`]: the check of LMDB's data file at open, before LMDB maps it.
 //! - [`fs`]: the narrow file-system seam ([`fs::Dir`], [`fs::File`]) all IO goes through.
 //! - [`faulty`]: an in-memory implementation of that seam that loses unsynced writes on a crash
 //!   and fails operations on demand, for crash tests.
@@ -15,6 +16,7 @@ mod error;
 pub mod faulty;
 pub mod fs;
 pub mod lmdb;
+pub mod lmdb_check;
 mod record;
 mod repair;
 mod replay;

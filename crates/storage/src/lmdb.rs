@@ -113,6 +113,9 @@ impl LmdbBackend {
         unsafe {
             opts.flags(EnvFlags::NO_META_SYNC | EnvFlags::NO_READ_AHEAD);
         }
+        // LMDB follows page numbers and offsets from the file unchecked: check them first, so a
+        // damaged file is an error naming it rather than a crash.
+        crate::lmdb_check::check(&path.join("data.mdb")).map_err(BackendError::engine)?;
         // SAFETY: heed requires that an environment is not opened twice in one process and that
         // its files are not modified behind its back; the engine holds an exclusive lock on the
         // data directory for as long as the environment is open.
