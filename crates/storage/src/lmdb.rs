@@ -73,7 +73,7 @@ fn open_err(op: &'static str, path: &Path) -> impl FnOnce(heed::Error) -> Backen
 const NEARLY_FULL_BYTES: u64 = 16 << 20;
 
 /// `heed` as "no space left on device" when the disk is full: ENOSPC itself, or EIO, which
-/// LMDB reports for a short write, on a file system with less than [`NEARLY_FULL_BYTES`] free
+/// LMDB reports for a short write, on a file system with less than 16 MiB free
 /// (`free`, if known). Any other error is returned as it is.
 pub fn disk_full(heed: heed::Error, free: Option<u64>) -> heed::Error {
     let heed::Error::Io(e) = &heed else { return heed };
