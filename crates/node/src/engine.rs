@@ -71,6 +71,21 @@ fn txn_puts(t: &cairn_kv::TxnRequest) -> bool {
     })
 }
 
+/// A store ahead of the log: a crash between installing a snapshot's image and logging it, or
+/// a repair that cut entries. A member of a cluster gets the missing entries from its leader and
+/// skips what the store holds; a single member has no one to get them from, and would reuse
+/// indexes the store already applied.
+fn log_covers_store(
+    cfg: &EngineConfig,
+    applied: u64,
+    log_end: cairn_raft::LogIndex,
+) -> Result<(), EngineError> {
+    if cfg.cluster.is_none() && applied > log_end.0 {
+        return Err(EngineError::Open(OpenError::LogBehindStore { applied, log_end }));
+    }
+    Ok(())
+}
+
 /// Names the log's files in `e` by their paths under `wal`, so an operator can find the damage.
 fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
     match e {
@@ -141,6 +156,7 @@ impl Engine {
             now_micros(),
         )
         .map_err(|e| EngineError::Open(wal_paths(e, &wal_path)))?;
+        log_covers_store(&cfg, store.applied_index(), replica.raft().last_index())?;
         let lease_clock = replica.lease_clock();
         let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
         let shared = Arc::new(shared);

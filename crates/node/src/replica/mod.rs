@@ -218,7 +218,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     ) -> Result<Replica<D, B, T>, OpenError> {
         let wal_err = |e| OpenError::Wal(Arc::new(e));
         let (mut wal, rec) = Wal::open(dir, wal_opts).map_err(wal_err)?;
-        log_covers_store(&rec, store.applied_index())?;
+        let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
         let persisted = match (is_fresh(&rec), bootstrap) {
             (true, Bootstrap::Founding(conf)) => {
                 // Persist the founding configuration before anything else happens.
@@ -238,6 +238,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
+        let applied = store.applied_index();
+        // The log is compacted only up to what the store made durable: a store behind the
+        // compaction point (a database replaced by an empty one) cannot be rebuilt from it.
+        if applied < compacted.0 {
+            return Err(OpenError::StoreBehindLog { applied, compacted });
+        }
         let timeout = cfg.request_timeout_ticks;
         Ok(Replica {
             raft,
@@ -553,25 +559,6 @@ fn is_empty(rd: &cairn_raft::Ready) -> bool {
         && rd.committed_entries.is_empty()
         && rd.read_states.is_empty()
         && rd.soft_state.is_none()
-}
-
-/// Checks that the log and the store fit together.
-fn log_covers_store(rec: &Recovered, applied: u64) -> Result<(), OpenError> {
-    // The log is persisted before anything is applied, so it always reaches the store's
-    // applied index; when it does not, it lost entries (a repair cut them) and serving on
-    // would reuse indexes the store already applied.
-    let log_end = rec.entries.last().map(|e| e.index);
-    let log_end = log_end.or(rec.snapshot.as_ref().map(|s| s.index)).unwrap_or_default();
-    if applied > log_end.0 {
-        return Err(OpenError::LogBehindStore { applied, log_end });
-    }
-    // And the log is compacted only up to what the store made durable: a store behind the
-    // compaction point (a database replaced by an empty one) cannot be rebuilt from it.
-    let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
-    if applied < compacted.0 {
-        return Err(OpenError::StoreBehindLog { applied, compacted });
-    }
-    Ok(())
 }
 
 fn is_fresh(rec: &Recovered) -> bool {
