@@ -36,6 +36,11 @@ pub struct EngineConfig {
     /// Address space reserved for the LMDB map; the file grows as needed up to this. Default
     /// 8 GiB.
     pub lmdb_map_bytes: usize,
+    /// etcd's `--quota-backend-bytes`: once the database file reaches it, writes that add data
+    /// (puts, transactions with puts, lease grants) fail with "database space exceeded" while
+    /// reads, deletes and compaction keep working. The LMDB map is sized above it with room to
+    /// spare, so the map never fills first. `None` (the default): no quota.
+    pub quota_backend_bytes: Option<u64>,
     /// Compact the Raft log after this many applied entries (etcd's `--snapshot-count`). Default
     /// 10,000.
     pub snapshot_entries: u64,
@@ -61,6 +66,16 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
+    /// The LMDB map size: [`EngineConfig::lmdb_map_bytes`], raised to twice the quota (and the
+    /// quota plus 1 GiB) when one is set. The map is address space, not memory; its headroom
+    /// above the quota lets writes already admitted, deletes and compaction (which copy pages
+    /// before freeing them) finish past the quota.
+    pub fn map_bytes(&self) -> usize {
+        let Some(quota) = self.quota_backend_bytes else { return self.lmdb_map_bytes };
+        let room = quota.saturating_mul(2).max(quota.saturating_add(1 << 30));
+        self.lmdb_map_bytes.max(usize::try_from(room).unwrap_or(usize::MAX))
+    }
+
     /// A single member named `name` with its data in `data_dir`, and every other field at its
     /// default (etcd's, where etcd has the setting).
     pub fn new(name: &str, data_dir: impl AsRef<Path>) -> EngineConfig {
@@ -74,6 +89,7 @@ impl EngineConfig {
             max_request_bytes: 1536 * 1024,
             max_txn_ops: DEFAULT_MAX_TXN_OPS,
             lmdb_map_bytes: 8 << 30,
+            quota_backend_bytes: None,
             snapshot_entries: 10_000,
             wal_segment_bytes: 64 << 20,
             read_mode: ReadMode::Safe,

@@ -5,6 +5,7 @@ mod lease;
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 
 use std::collections::BTreeMap;
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
@@ -86,6 +87,42 @@ fn log_recovery(shared: &Shared, replayed: u64, started: Instant) {
     );
 }
 
+/// Whether a transaction may put (in either branch, at any depth): etcd charges those to the
+/// quota and lets read-only and delete-only ones through.
+fn txn_puts(t: &cairn_kv::TxnRequest) -> bool {
+    t.success.iter().chain(&t.failure).any(|op| match op {
+        cairn_kv::RequestOp::Put(_) => true,
+        cairn_kv::RequestOp::Txn(inner) => txn_puts(inner),
+        _ => false,
+    })
+}
+
+/// A store ahead of the log: a crash between installing a snapshot's image and logging it, or
+/// a repair that cut entries. A member of a cluster gets the missing entries from its leader and
+/// skips what the store holds; a single member has no one to get them from, and would reuse
+/// indexes the store already applied.
+fn log_covers_store(
+    cfg: &EngineConfig,
+    applied: u64,
+    log_end: cairn_raft::LogIndex,
+) -> Result<(), EngineError> {
+    if cfg.cluster.is_none() && applied > log_end.0 {
+        return Err(EngineError::Open(OpenError::LogBehindStore { applied, log_end }));
+    }
+    Ok(())
+}
+
+/// Names the log's files in `e` by their paths under `wal`, so an operator can find the damage.
+fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
+    match e {
+        OpenError::Wal(w) => match Arc::try_unwrap(w) {
+            Ok(w) => OpenError::Wal(Arc::new(w.in_dir(wal))),
+            Err(w) => OpenError::Wal(w),
+        },
+        e => e,
+    }
+}
+
 fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     let mut raft = cairn_raft::Config::new(NodeId(id));
     raft.election_timeout_ticks = cfg.election_ticks;
@@ -133,7 +170,7 @@ impl Engine {
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);
-        let backend = LmdbBackend::open(&member.join("db"), cfg.lmdb_map_bytes)
+        let backend = LmdbBackend::open(&member.join("db"), cfg.map_bytes())
             .map_err(|e| EngineError::Open(OpenError::Backend(e)))?;
         let store =
             Arc::new(Store::open(backend).map_err(|e| EngineError::Open(OpenError::Backend(e)))?);
@@ -149,7 +186,8 @@ impl Engine {
             bootstrap(&cfg, id),
             now_micros(),
         )
-        .map_err(EngineError::Open)?;
+        .map_err(|e| EngineError::Open(wal_paths(e, &wal_path)))?;
+        log_covers_store(&cfg, store.applied_index(), replica.raft().last_index())?;
         // Committed entries the database does not have yet: `driver.start` applies them.
         let replay = replica.raft().commit_index().0.saturating_sub(stored_index);
         let lease_clock = replica.lease_clock();
@@ -310,10 +348,26 @@ impl Engine {
             max_txn_ops: self.cfg.max_txn_ops,
         };
         let data = prepare(id, &cmd, limits)?;
+        self.check_quota(&cmd, data.len())?;
         match self.ask(|reply| Input::Propose { id, data, reply }).await? {
             Reply::Command(resp) => Ok(resp),
             _ => Err(EngineError::Internal("a proposal answered as something else")),
         }
+    }
+
+    /// etcd's quota: a request that adds data fails once the database plus the request would
+    /// pass the quota. Deletes, compaction and reads never do, so space can be reclaimed.
+    fn check_quota(&self, cmd: &Command, bytes: usize) -> Result<(), EngineError> {
+        let Some(quota) = self.cfg.quota_backend_bytes else { return Ok(()) };
+        let adds = match cmd {
+            Command::Put(_) | Command::LeaseGrant { .. } => true,
+            Command::Txn(t) => txn_puts(t),
+            _ => false,
+        };
+        if adds && self.shared.store.size_bytes().saturating_add(bytes as u64) >= quota {
+            return Err(EngineError::NoSpace);
+        }
+        Ok(())
     }
 
     /// etcd's `Put`: sets a key's value, in a new revision.

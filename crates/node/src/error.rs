@@ -47,6 +47,8 @@ pub enum EngineError {
     Watch(cairn_kv::watch::group::CreateError),
     /// A reply did not match its request: a bug, reported rather than hidden.
     Internal(&'static str),
+    /// The database reached `--quota-backend-bytes` (etcd's `ErrNoSpace`).
+    NoSpace,
 }
 
 /// Why the engine stopped serving.
@@ -127,6 +129,20 @@ pub enum OpenError {
     Raft(cairn_raft::ConfigError),
     /// Replaying the log failed.
     Replay(StorageError),
+    /// The store applied entries the log no longer holds (a repair cut them).
+    LogBehindStore {
+        /// The store's applied index.
+        applied: u64,
+        /// The last index the log holds.
+        log_end: LogIndex,
+    },
+    /// The log was compacted past what the store holds (the database was replaced).
+    StoreBehindLog {
+        /// The store's applied index.
+        applied: u64,
+        /// The index the log is compacted to.
+        compacted: LogIndex,
+    },
     /// A thread could not be started.
     Spawn(Arc<std::io::Error>),
     /// The data directory belongs to another member than the flags describe.
@@ -180,6 +196,7 @@ impl EngineError {
             EngineError::Open(e) => e.to_string(),
             EngineError::Watch(e) => e.reason().into(),
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
+            EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
         }
     }
 
@@ -194,6 +211,7 @@ impl EngineError {
                 | EngineError::LeaderTransfer
                 | EngineError::Open(_)
                 | EngineError::Watch(_)
+                | EngineError::NoSpace
         )
     }
 }
@@ -259,6 +277,14 @@ impl fmt::Display for OpenError {
             OpenError::Backend(e) => write!(f, "{e}"),
             OpenError::Raft(e) => write!(f, "{e}"),
             OpenError::Replay(e) => write!(f, "replaying the log: {e}"),
+            OpenError::LogBehindStore { applied, log_end } => write!(
+                f,
+                "the database has applied the log up to index {applied}, but the log ends at {log_end}: the log lost entries (cut by `cairn wal repair`?). Remove the member and add it back with an empty data directory"
+            ),
+            OpenError::StoreBehindLog { applied, compacted } => write!(
+                f,
+                "the database has applied the log up to index {applied}, but the log holds only entries after index {compacted}: it cannot rebuild the database. Restore the database, or remove the member and add it back with an empty data directory"
+            ),
             OpenError::Spawn(e) => write!(f, "starting a thread: {e}"),
             OpenError::OtherMember { dir, found, expected } => write!(
                 f,
@@ -315,6 +341,14 @@ impl PartialEq for OpenError {
             (OpenError::Backend(a), OpenError::Backend(b)) => a == b,
             (OpenError::Raft(a), OpenError::Raft(b)) => a == b,
             (OpenError::Replay(a), OpenError::Replay(b)) => a == b,
+            (
+                OpenError::LogBehindStore { applied: a, log_end: x },
+                OpenError::LogBehindStore { applied: b, log_end: y },
+            ) => a == b && x == y,
+            (
+                OpenError::StoreBehindLog { applied: a, compacted: x },
+                OpenError::StoreBehindLog { applied: b, compacted: y },
+            ) => a == b && x == y,
             (OpenError::Spawn(a), OpenError::Spawn(b)) => Arc::ptr_eq(a, b),
             (
                 OpenError::OtherMember { dir: a, found: x, expected: y },

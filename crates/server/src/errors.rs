@@ -33,6 +33,7 @@ pub fn status(e: EngineError) -> Status {
         // etcd passes errors without a gRPC mapping (its Raft library's "proposal dropped",
         // the leader transfer timeout) through as unknown errors.
         EngineError::LeaderTransfer | EngineError::LeaderTransferTimeout => Code::Unknown,
+        EngineError::NoSpace => Code::ResourceExhausted,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
         _ => Code::Internal,
     };
@@ -53,4 +54,16 @@ pub fn server_stopped() -> Status {
 /// A call cairn does not serve yet, named so an operator knows which.
 pub fn not_yet(what: &str) -> Status {
     Status::unimplemented(format!("cairn does not implement {what} yet"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_quota_is_etcds_no_space() {
+        let s = status(EngineError::NoSpace);
+        assert_eq!(s.code(), Code::ResourceExhausted);
+        assert_eq!(s.message(), "etcdserver: mvcc: database space exceeded");
+    }
 }

@@ -9,6 +9,8 @@ use cairn::{EngineConfig, ServeConfig};
 use cairn_node::cluster::{ClusterConfig, ClusterState};
 use clap::{Args, Parser, Subcommand};
 
+mod wal_cmd;
+
 #[derive(Parser)]
 #[command(
     name = "cairn",
@@ -28,6 +30,9 @@ enum Cmd {
     Serve(ServeArgs),
     /// Benchmark any etcd v3 endpoint (cairn or etcd), or an embedded engine.
     Bench(cairn_bench::BenchArgs),
+    /// Work on a stopped member's write-ahead log.
+    #[command(subcommand)]
+    Wal(wal_cmd::WalCmd),
 }
 
 #[derive(Args, Clone)]
@@ -72,7 +77,8 @@ struct ServeArgs {
     /// Time before an election, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     election_timeout: u64,
-    /// Address space reserved for the database file, in bytes.
+    /// Database size past which writes that add data fail with "database space exceeded"
+    /// (reads, deletes and compaction keep working), in bytes.
     #[arg(long, default_value_t = 8 << 30)]
     quota_backend_bytes: usize,
     /// Applied entries between compactions of the Raft log (etcd 3.6's default: 10,000).
@@ -126,7 +132,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
     engine.max_request_bytes = a.max_request_bytes;
     engine.max_txn_ops = a.max_txn_ops;
-    engine.lmdb_map_bytes = a.quota_backend_bytes;
+    engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
     if a.read_mode == "lease" {
@@ -251,6 +257,7 @@ fn main() -> Result<()> {
     let args = match cli.command {
         Some(Cmd::Serve(a)) => a,
         Some(Cmd::Bench(b)) => return bench(b),
+        Some(Cmd::Wal(w)) => return wal_cmd::run(w),
         None => cli.serve,
     };
     tracing_subscriber::fmt()

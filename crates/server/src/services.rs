@@ -149,7 +149,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
             db_size_in_use: s.db_size_bytes as i64,
             is_learner: false,
             storage_version: "3.6.0".into(),
-            db_size_quota: self.engine.config().lmdb_map_bytes as i64,
+            db_size_quota: self.engine.config().quota_backend_bytes.unwrap_or(0) as i64,
         }))
     }
 

@@ -35,6 +35,24 @@ impl fmt::Display for WalError {
 
 impl std::error::Error for WalError {}
 
+impl WalError {
+    /// The same error with its file named by its path under `dir`, for messages to operators.
+    pub fn in_dir(self, dir: &std::path::Path) -> WalError {
+        // "wal directory" and "wal" (a gap between segments) mean the directory itself.
+        let path = |file: String| match file.as_str() {
+            "wal directory" | "wal" => dir.display().to_string(),
+            _ => dir.join(file).display().to_string(),
+        };
+        match self {
+            WalError::Io { op, file, source } => WalError::Io { op, file: path(file), source },
+            WalError::Corrupt { file, offset, reason } => {
+                WalError::Corrupt { file: path(file), offset, reason }
+            }
+            WalError::Poisoned => WalError::Poisoned,
+        }
+    }
+}
+
 /// Wraps an IO error with what was being done to which file.
 pub(crate) fn io_err(op: &'static str, file: &str) -> impl FnOnce(std::io::Error) -> WalError {
     let file = file.to_string();

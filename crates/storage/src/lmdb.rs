@@ -21,7 +21,8 @@ use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 const META_KEY: &[u8] = b"meta";
 
-/// An LMDB failure: what was being done, and where for a failure to open.
+/// An LMDB failure: what was being done, and where (the directory for a failure to open, the
+/// database file for a failed write).
 #[derive(Debug)]
 pub struct LmdbError {
     op: &'static str,
@@ -35,7 +36,7 @@ impl LmdbError {
         self.op
     }
 
-    /// The environment's directory, for a failure to open it.
+    /// The environment's directory for a failure to open it, the database file for a write.
     pub fn path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
@@ -68,6 +69,23 @@ fn open_err(op: &'static str, path: &Path) -> impl FnOnce(heed::Error) -> Backen
     move |heed| BackendError::engine(LmdbError { op, path, heed })
 }
 
+/// Below this much free space, a failed write is taken for a full disk.
+const NEARLY_FULL_BYTES: u64 = 16 << 20;
+
+/// `heed` as "no space left on device" when the disk is full: ENOSPC itself, or EIO, which
+/// LMDB reports for a short write, on a file system with less than 16 MiB free
+/// (`free`, if known). Any other error is returned as it is.
+pub fn disk_full(heed: heed::Error, free: Option<u64>) -> heed::Error {
+    let heed::Error::Io(e) = &heed else { return heed };
+    let short_write = e.raw_os_error() == Some(rustix::io::Errno::IO.raw_os_error())
+        && free.is_some_and(|f| f < NEARLY_FULL_BYTES);
+    if e.kind() == std::io::ErrorKind::StorageFull || short_write {
+        let full = std::io::Error::new(std::io::ErrorKind::StorageFull, "no space left on device");
+        return heed::Error::Io(full);
+    }
+    heed
+}
+
 /// The kv history in an LMDB environment.
 #[derive(Debug)]
 pub struct LmdbBackend {
@@ -96,6 +114,9 @@ impl LmdbBackend {
         unsafe {
             opts.flags(EnvFlags::NO_META_SYNC | EnvFlags::NO_READ_AHEAD);
         }
+        // LMDB follows page numbers and offsets from the file unchecked: check them first, so a
+        // damaged file is an error naming it rather than a crash.
+        crate::lmdb_check::check(&path.join("data.mdb")).map_err(BackendError::engine)?;
         // SAFETY: heed requires that an environment is not opened twice in one process and that
         // its files are not modified behind its back; the engine holds an exclusive lock on the
         // data directory for as long as the environment is open.
@@ -116,6 +137,17 @@ impl LmdbBackend {
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Wraps a failed write, naming the database file, and saying so when the disk is full.
+    fn write_err(&self, op: &'static str) -> impl FnOnce(heed::Error) -> BackendError {
+        let file = self.path.join("data.mdb");
+        move |heed| {
+            let free =
+                rustix::fs::statvfs(&file).ok().map(|s| s.f_bavail.saturating_mul(s.f_frsize));
+            let heed = disk_full(heed, free);
+            BackendError::engine(LmdbError { op, path: Some(file), heed })
+        }
     }
 
     fn write_leases(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
@@ -202,7 +234,7 @@ impl Backend for LmdbBackend {
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
-        wtxn.commit().map_err(err("commit"))
+        wtxn.commit().map_err(self.write_err("commit"))
     }
 
     /// One write transaction: a reader or a crash sees the old history or the new. Dropping the
@@ -224,12 +256,12 @@ impl Backend for LmdbBackend {
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
-        wtxn.commit().map_err(err("commit"))
+        wtxn.commit().map_err(self.write_err("commit"))
     }
 
     /// Makes every commit durable (LMDB otherwise defers its meta page flush).
     fn sync(&self) -> Result<(), BackendError> {
-        self.env.force_sync().map_err(err("sync"))
+        self.env.force_sync().map_err(self.write_err("sync"))
     }
 
     fn size_bytes(&self) -> u64 {

@@ -41,8 +41,20 @@ pub(crate) enum Next<'a> {
     /// The record at this position is cut short or fails its checksum.
     Bad {
         reason: &'static str,
-        end: usize,
     },
+}
+
+/// Where the first whole record (a length that fits, a known kind, a matching checksum) starts
+/// in `data[from..limit]`, if anywhere. Replay asks this after a bad record: a crash tears only
+/// the end of what was written, so any valid record after the damage means it is not a torn
+/// write. A record's length field is nonzero, so no record starts after the last nonzero byte.
+pub(crate) fn find_record(data: &[u8], from: usize, limit: usize) -> Option<usize> {
+    (from..limit).find(|&p| {
+        if p + HEADER_BYTES > data.len() || !(KIND_ENTRY..=KIND_INSTALL).contains(&data[p + 8]) {
+            return false;
+        }
+        matches!(next_record(data, p), Next::Record { .. })
+    })
 }
 
 /// Reads the record at `pos`, checking its length and checksum.
@@ -51,7 +63,7 @@ pub(crate) fn next_record(data: &[u8], pos: usize) -> Next<'_> {
         return if data[pos..].iter().all(|b| *b == 0) {
             Next::End
         } else {
-            Next::Bad { reason: "truncated header", end: data.len() }
+            Next::Bad { reason: "truncated header" }
         };
     }
     let len = u32::from_be_bytes(data[pos..pos + 4].try_into().unwrap_or_default()) as usize;
@@ -60,11 +72,11 @@ pub(crate) fn next_record(data: &[u8], pos: usize) -> Next<'_> {
     }
     let end = pos + 8 + len;
     if end > data.len() {
-        return Next::Bad { reason: "record runs past the end of the file", end: data.len() };
+        return Next::Bad { reason: "record runs past the end of the file" };
     }
     let crc = u32::from_be_bytes(data[pos + 4..pos + 8].try_into().unwrap_or_default());
     if crc32c::crc32c(&data[pos + 8..end]) != crc {
-        return Next::Bad { reason: "checksum mismatch", end };
+        return Next::Bad { reason: "checksum mismatch" };
     }
     Next::Record { kind: data[pos + 8], payload: &data[pos + 9..end], next: end }
 }

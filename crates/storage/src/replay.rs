@@ -5,7 +5,9 @@ use cairn_raft::{Entry, HardState, LogIndex, SnapshotMeta};
 use crate::codec;
 use crate::error::{io_err as io, WalError};
 use crate::fs::{Dir, File};
-use crate::record::{next_record, Next, KIND_ENTRY, KIND_HARD_STATE, KIND_INSTALL, KIND_SNAPSHOT};
+use crate::record::{
+    find_record, next_record, Next, KIND_ENTRY, KIND_HARD_STATE, KIND_INSTALL, KIND_SNAPSHOT,
+};
 
 /// What the log held when opened.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -59,43 +61,79 @@ fn apply(
     Ok(())
 }
 
-/// Replays segment `name` into `rec`. Returns the end of its valid data; repairs a torn tail
-/// when `is_last`.
+/// Replays segment `name` into `rec`. Returns the end of its valid data and the end of a torn
+/// tail after it (equal when there is none), which only the last segment may have.
 fn replay_segment<F: File>(
-    file: &mut F,
+    file: &F,
     name: &str,
     is_last: bool,
     rec: &mut Recovered,
     max_index: &mut LogIndex,
-) -> Result<u64, WalError> {
+) -> Result<(usize, usize), WalError> {
+    let data = read_segment(file, name)?;
+    let mut pos = 0;
+    loop {
+        let bad = match next_record(&data, pos) {
+            Next::Record { kind, payload, next } => {
+                apply(rec, max_index, kind, payload)
+                    .map_err(|reason| corrupt(name, pos, reason))?;
+                pos = next;
+                continue;
+            }
+            Next::End => None,
+            Next::Bad { reason, .. } => Some(reason),
+        };
+        return end_of_data(name, &data, pos, bad, is_last);
+    }
+}
+
+pub(crate) fn read_segment<F: File>(file: &F, name: &str) -> Result<Vec<u8>, WalError> {
     let len = file.size().map_err(io("stat", name))?;
     let mut data = vec![0u8; len as usize];
     file.read_at(0, &mut data).map_err(io("read", name))?;
-    let corrupt = |offset: usize, reason| WalError::Corrupt {
-        file: name.to_string(),
-        offset: offset as u64,
-        reason,
+    Ok(data)
+}
+
+fn corrupt(name: &str, offset: usize, reason: &'static str) -> WalError {
+    WalError::Corrupt { file: name.to_string(), offset: offset as u64, reason }
+}
+
+/// Decides what the bytes from `pos` (where the valid records stop; `bad` says why if a record
+/// is damaged there) to the end of the segment are. Only zeros: the preallocated rest. Bytes
+/// with no valid record among them, in the last segment: a write torn by a crash, never
+/// acknowledged, to be cut off (zeroed) once the whole log replayed. Returns the ends of the
+/// valid data and of the torn tail. Anything else is corruption, and the file is left exactly
+/// as it is: a valid record after the damage, or damage in a sealed segment (synced in full
+/// before the next one began), cannot come from a crash.
+fn end_of_data(
+    name: &str,
+    data: &[u8],
+    pos: usize,
+    bad: Option<&'static str>,
+    is_last: bool,
+) -> Result<(usize, usize), WalError> {
+    let Some(last_nonzero) = data[pos..].iter().rposition(|b| *b != 0).map(|i| pos + i) else {
+        return Ok((pos, pos));
     };
-    let mut pos = 0;
-    loop {
-        match next_record(&data, pos) {
-            Next::End => return Ok(pos as u64),
-            Next::Record { kind, payload, next } => {
-                apply(rec, max_index, kind, payload).map_err(|reason| corrupt(pos, reason))?;
-                pos = next;
-            }
-            Next::Bad { reason, end } => {
-                // Only the last segment can have a torn tail, and only with nothing after it.
-                if !is_last || data[end..].iter().any(|b| *b != 0) {
-                    return Err(corrupt(pos, reason));
-                }
-                let last_nonzero = data.iter().rposition(|b| *b != 0).unwrap_or(pos);
-                let zeros = vec![0u8; last_nonzero + 1 - pos];
-                file.write_at(pos as u64, &zeros).map_err(io("repair", name))?;
-                file.sync_data().map_err(io("sync", name))?;
-                return Ok(pos as u64);
-            }
+    let reason = bad.unwrap_or("zero length field with data after it");
+    if find_record(data, pos + 1, last_nonzero + 1).is_some() {
+        return Err(corrupt(name, pos, followed(reason)));
+    }
+    if !is_last {
+        return Err(corrupt(name, pos, reason));
+    }
+    Ok((pos, last_nonzero + 1))
+}
+
+/// The reason for damage that valid records follow, which no crash explains.
+fn followed(reason: &'static str) -> &'static str {
+    match reason {
+        "checksum mismatch" => "checksum mismatch, with valid records after it",
+        "record runs past the end of the file" => {
+            "record length runs past the end of the file, with valid records after it"
         }
+        "truncated header" => "truncated header, with valid records after it",
+        _ => "zero length field, with valid records after it",
     }
 }
 
@@ -108,24 +146,33 @@ pub(crate) fn replay<D: Dir>(
     let mut segments = Vec::with_capacity(names.len());
     let last = names.len() - 1;
     let mut active = None;
-    let mut offset = 0;
+    let (mut offset, mut torn_end) = (0, 0);
     for (i, (seq, name)) in names.into_iter().enumerate() {
-        let mut file = dir.open(&name).map_err(io("open", &name))?;
+        let file = dir.open(&name).map_err(io("open", &name))?;
         let mut max_index = LogIndex::ZERO;
-        let end = replay_segment(&mut file, &name, i == last, &mut rec, &mut max_index)?;
-        segments.push((seq, name, max_index));
+        let (end, torn) = replay_segment(&file, &name, i == last, &mut rec, &mut max_index)?;
         if i == last {
-            active = Some(file);
-            offset = end;
+            active = Some((file, name.clone()));
+            (offset, torn_end) = (end, torn);
         }
+        segments.push((seq, name, max_index));
     }
     let snap = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
     rec.entries.retain(|e| e.index > snap);
-    let contiguous =
-        rec.entries.iter().enumerate().all(|(i, e)| e.index.0 == snap.0 + 1 + i as u64);
+    let contiguous = rec
+        .entries
+        .iter()
+        .enumerate()
+        .all(|(i, e)| e.index.0.checked_sub(snap.0) == Some(1 + i as u64));
     if !contiguous {
         return Err(WalError::Corrupt { file: "wal".into(), offset: 0, reason: "gap in the log" });
     }
-    let active = active.expect("at least one segment");
-    Ok(Replayed { recovered: rec, segments, active, offset })
+    let (mut active, name) = active.expect("at least one segment");
+    // Only now that the whole log replayed: a refused log keeps every byte.
+    if torn_end > offset {
+        let zeros = vec![0u8; torn_end - offset];
+        active.write_at(offset as u64, &zeros).map_err(io("repair", &name))?;
+        active.sync_data().map_err(io("sync", &name))?;
+    }
+    Ok(Replayed { recovered: rec, segments, active, offset: offset as u64 })
 }

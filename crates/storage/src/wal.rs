@@ -12,9 +12,11 @@
 //! earlier-written entries at `i` and above (the Raft log's suffix truncation), so truncation is
 //! just writing.
 //!
-//! Recovery: segments are replayed in order. In the last segment, a record that is cut short, or
-//! fails its checksum with only zeros after it, is a torn write from a crash: it is cut off and
-//! zeroed. A bad record anywhere else is corruption, and opening fails with the file and offset.
+//! Recovery: segments are replayed in order. In the last segment, bad bytes after the last valid
+//! record with no valid record anywhere after them are a torn write from a crash: they are cut
+//! off and zeroed. A bad record with a valid record after it, or any bad bytes in an earlier
+//! segment, is corruption: opening fails with the file and offset and changes no byte; only
+//! [`crate::repair`], run on purpose, truncates there (keeping a copy of what it cuts).
 //! Media assumption: the disk may lose or tear unsynced writes, persists a file's writes in order,
 //! and does not corrupt synced data silently (the checksums detect it when it does).
 
@@ -77,16 +79,22 @@ fn parse_segment_name(name: &str) -> Option<u64> {
     u64::from_str_radix(seq, 16).ok()
 }
 
+/// The directory's segments as (sequence number, file name), oldest first.
+pub(crate) fn segment_names<D: Dir>(dir: &D) -> Result<Vec<(u64, String)>, WalError> {
+    let mut names: Vec<(u64, String)> = dir
+        .list()
+        .map_err(io_err("list", "wal directory"))?
+        .into_iter()
+        .filter_map(|n| parse_segment_name(&n).map(|seq| (seq, n)))
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
 impl<D: Dir> Wal<D> {
     /// Opens the log in `dir`, creating it if empty, and returns what it holds.
     pub fn open(dir: D, opts: WalOptions) -> Result<(Wal<D>, Recovered), WalError> {
-        let mut names: Vec<(u64, String)> = dir
-            .list()
-            .map_err(io_err("list", "wal directory"))?
-            .into_iter()
-            .filter_map(|n| parse_segment_name(&n).map(|seq| (seq, n)))
-            .collect();
-        names.sort();
+        let names = segment_names(&dir)?;
         if names.is_empty() {
             let name = segment_name(1, LogIndex(1));
             let mut active = dir.open(&name).map_err(io_err("create", &name))?;

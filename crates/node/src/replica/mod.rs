@@ -235,6 +235,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     ) -> Result<Replica<D, B, T>, OpenError> {
         let wal_err = |e| OpenError::Wal(Arc::new(e));
         let (mut wal, rec) = Wal::open(dir, wal_opts).map_err(wal_err)?;
+        let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
         let persisted = match (is_fresh(&rec), bootstrap) {
             (true, Bootstrap::Founding(conf)) => {
                 // Persist the founding configuration before anything else happens.
@@ -254,6 +255,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
+        let applied = store.applied_index();
+        // The log is compacted only up to what the store made durable: a store behind the
+        // compaction point (a database replaced by an empty one) cannot be rebuilt from it.
+        if applied < compacted.0 {
+            return Err(OpenError::StoreBehindLog { applied, compacted });
+        }
         let timeout = cfg.request_timeout_ticks;
         Ok(Replica {
             raft,

@@ -1,0 +1,207 @@
+//! Damage to the log that no crash explains: opening refuses it, names the file and offset and
+//! changes no byte; only the explicit repair truncates, keeping a copy of what it cuts.
+
+use bytes::Bytes;
+use cairn_raft::{Entry, EntryPayload, LogIndex, Term};
+use cairn_storage::faulty::FaultyDir;
+use cairn_storage::fs::{Dir, File, OsDir};
+use cairn_storage::{repair, Wal, WalError, WalOptions};
+
+fn entry(i: u64) -> Entry {
+    Entry {
+        term: Term(1),
+        index: LogIndex(i),
+        payload: EntryPayload::Normal(Bytes::from(format!("value-{i}"))),
+    }
+}
+
+fn entries(range: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
+    range.map(entry).collect()
+}
+
+fn bytes<D: Dir>(dir: &D, name: &str) -> Vec<u8> {
+    let f = dir.open(name).expect("the file opens");
+    let mut b = vec![0u8; f.size().expect("a size") as usize];
+    f.read_at(0, &mut b).expect("the file reads");
+    b
+}
+
+/// Every file of the directory with its bytes, to prove a refused open changed nothing.
+fn image(dir: &FaultyDir) -> Vec<(String, Vec<u8>)> {
+    dir.list().expect("lists").into_iter().map(|n| (n.clone(), bytes(dir, &n))).collect()
+}
+
+/// Start offsets of the records in a segment, read from their length fields.
+fn record_offsets(data: &[u8]) -> Vec<usize> {
+    let mut out = Vec::new();
+    let mut pos = 0;
+    while pos + 9 <= data.len() {
+        let len = u32::from_be_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
+        if len == 0 {
+            break;
+        }
+        out.push(pos);
+        pos += 8 + len;
+    }
+    out
+}
+
+const OPTS: WalOptions = WalOptions { segment_bytes: 1 << 20 };
+
+/// One segment of 300 entries, synced, and the offsets of its records.
+fn one_full_segment() -> (FaultyDir, String, Vec<usize>) {
+    let dir = FaultyDir::default();
+    let (mut wal, _) = Wal::open(dir.clone(), OPTS).expect("opens");
+    for i in 1..=300 {
+        wal.append(&entries(i..=i), None).expect("appends");
+    }
+    wal.sync().expect("syncs");
+    drop(wal);
+    let name = dir.list().expect("lists").pop().expect("a segment");
+    let offsets = record_offsets(&bytes(&dir, &name));
+    assert_eq!(offsets.len(), 300);
+    (dir, name, offsets)
+}
+
+fn expect_corrupt_at(dir: &FaultyDir, name: &str, at: usize) {
+    let before = image(dir);
+    for _ in 0..2 {
+        match Wal::open(dir.clone(), OPTS) {
+            Err(WalError::Corrupt { file, offset, reason }) => {
+                assert_eq!((file.as_str(), offset), (name, at as u64), "{reason}");
+            }
+            other => panic!("expected corruption at {at}, got {:?}", other.map(|r| r.1)),
+        }
+        assert!(image(dir) == before, "a refused open changes no byte");
+    }
+}
+
+#[test]
+fn a_damaged_length_with_valid_records_after_is_corruption_not_a_torn_tail() {
+    // Each damage to record 100's length: longer than the file, longer within it, shorter.
+    for (byte, xor) in [(1, 0x5A), (2, 0x01), (3, 0x08)] {
+        let (dir, name, offsets) = one_full_segment();
+        let at = offsets[100];
+        let mut f = dir.open(&name).expect("opens");
+        let mut b = [0u8];
+        f.read_at((at + byte) as u64, &mut b).expect("reads");
+        f.write_at((at + byte) as u64, &[b[0] ^ xor]).expect("writes");
+        f.sync_data().expect("syncs");
+        expect_corrupt_at(&dir, &name, at);
+    }
+}
+
+#[test]
+fn a_zeroed_length_with_valid_records_after_is_corruption() {
+    let (dir, name, offsets) = one_full_segment();
+    let at = offsets[150];
+    dir.open(&name).expect("opens").write_at(at as u64, &[0, 0, 0, 0]).expect("writes");
+    expect_corrupt_at(&dir, &name, at);
+}
+
+#[test]
+fn bytes_after_the_data_of_a_sealed_segment_are_corruption() {
+    let dir = FaultyDir::default();
+    let (mut wal, _) = Wal::open(dir.clone(), WalOptions { segment_bytes: 400 }).expect("opens");
+    for i in 1..=30 {
+        wal.append(&entries(i..=i), None).expect("appends");
+    }
+    wal.sync().expect("syncs");
+    drop(wal);
+    // A sealed segment whose zero tail has room for a whole header: the damage is not next to
+    // the last record, so only the check for bytes after the data can see it.
+    let mut names = dir.list().expect("lists");
+    names.sort();
+    names.pop();
+    let (first, end) = names
+        .into_iter()
+        .map(|n| {
+            let data = bytes(&dir, &n);
+            let end = data.iter().rposition(|b| *b != 0).expect("data") + 1;
+            (n, end, data.len())
+        })
+        .find(|(_, end, len)| len - end > 16)
+        .map(|(n, end, _)| (n, end))
+        .expect("a sealed segment with a zero tail of 16 bytes");
+    dir.corrupt(&first, end as u64 + 12);
+    let before = image(&dir);
+    match Wal::open(dir.clone(), WalOptions { segment_bytes: 400 }) {
+        Err(WalError::Corrupt { file, offset, .. }) => {
+            assert_eq!((file, offset), (first, end as u64))
+        }
+        other => panic!("expected corruption, got {:?}", other.map(|r| r.1)),
+    }
+    assert!(image(&dir) == before);
+}
+
+#[test]
+fn a_torn_last_record_is_still_cut_and_nothing_valid_is_lost() {
+    let (dir, name, offsets) = one_full_segment();
+    // A crash tore the last record: its second half never reached the disk.
+    let last = offsets[299];
+    let data = bytes(&dir, &name);
+    let end = data.iter().rposition(|b| *b != 0).expect("data") + 1;
+    let mid = last + (end - last) / 2;
+    dir.open(&name).expect("opens").write_at(mid as u64, &vec![0u8; end - mid]).expect("writes");
+    let (_, rec) = Wal::open(dir.clone(), OPTS).expect("a torn tail opens");
+    assert_eq!(rec.entries, entries(1..=299));
+    assert!(bytes(&dir, &name)[last..].iter().all(|b| *b == 0), "the torn record is zeroed");
+}
+
+#[test]
+fn repair_cuts_at_the_damage_keeps_a_copy_and_the_log_opens() {
+    let dir = FaultyDir::default();
+    let opts = WalOptions { segment_bytes: 400 };
+    let (mut wal, _) = Wal::open(dir.clone(), opts).expect("opens");
+    for i in 1..=40 {
+        wal.append(&entries(i..=i), None).expect("appends");
+    }
+    wal.sync().expect("syncs");
+    drop(wal);
+    let mut names = dir.list().expect("lists");
+    names.sort();
+    assert!(names.len() > 3, "several segments: {names:?}");
+    let damaged = names[1].clone();
+    let data = bytes(&dir, &damaged);
+    let at = record_offsets(&data)[2];
+    dir.corrupt(&damaged, at as u64 + 12);
+    assert!(Wal::open(dir.clone(), opts).is_err());
+
+    let cuts = repair(&dir).expect("repairs");
+    assert_eq!((cuts[0].file.as_str(), cuts[0].offset), (damaged.as_str(), at as u64));
+    let end = data.iter().rposition(|b| *b != 0).expect("data") + 1;
+    let mut cut = data[at..end].to_vec();
+    cut[12] ^= 0x5A;
+    assert_eq!(bytes(&dir, &cuts[0].saved_as), cut, "the copy holds exactly what was cut");
+    assert_eq!(cuts.len(), names.len() - 1, "every later segment is moved aside");
+    for later in &names[2..] {
+        assert!(!dir.list().expect("lists").contains(later));
+    }
+    let (_, rec) = Wal::open(dir.clone(), opts).expect("the repaired log opens");
+    let kept = rec.entries.len() as u64;
+    assert!(kept > 0 && kept < 40);
+    assert_eq!(rec.entries, entries(1..=kept));
+    assert_eq!(repair(&dir).expect("nothing left to repair"), vec![]);
+}
+
+#[test]
+fn on_real_files_the_error_names_the_path_and_offset() {
+    let path = std::env::temp_dir().join(format!("cairn-wal-damage-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&path);
+    let dir = OsDir::create(&path).expect("creates");
+    let (mut wal, _) = Wal::open(dir.clone(), OPTS).expect("opens");
+    wal.append(&entries(1..=50), None).expect("appends");
+    wal.sync().expect("syncs");
+    drop(wal);
+    let name = dir.list().expect("lists").pop().expect("a segment");
+    let at = record_offsets(&bytes(&dir, &name))[10];
+    let mut f = dir.open(&name).expect("opens");
+    f.write_at(at as u64 + 1, &[0x7F]).expect("writes");
+    let before = std::fs::read(path.join(&name)).expect("reads");
+    let err = Wal::open(dir.clone(), OPTS).expect_err("refuses").in_dir(&path);
+    let msg = err.to_string();
+    assert!(msg.contains(&path.join(&name).display().to_string()), "{msg}");
+    assert!(msg.contains(&format!("offset {at}")), "{msg}");
+    assert_eq!(std::fs::read(path.join(&name)).expect("reads"), before);
+    std::fs::remove_dir_all(&path).expect("cleans up");
+}
