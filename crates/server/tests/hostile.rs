@@ -2,43 +2,15 @@
 //! past what cairn accepts are refused as the client's mistake (InvalidArgument, with a
 //! message), however deep, never answered `Internal` or allowed to exhaust the stack.
 
-use std::time::Duration;
-
-use cairn::{EngineConfig, ServeConfig};
 use cairn_proto::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use tonic::transport::Channel;
 
+mod common;
+
 async fn server(tag: &str) -> (KvClient<Channel>, tokio::sync::oneshot::Sender<()>) {
-    let dir = std::env::temp_dir().join(format!("cairn-rs-{tag}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let port = probe.local_addr().expect("its address").port();
-    drop(probe);
-    let url = format!("http://127.0.0.1:{port}");
-    let cfg = ServeConfig {
-        engine: EngineConfig::new(tag, &dir),
-        listen_client_urls: vec![url.clone()],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-        max_client_conns: 0,
-    };
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        let _ = cairn::serve(cfg, async move {
-            let _ = stopped.await;
-        })
-        .await;
-        let _ = std::fs::remove_dir_all(&dir);
-    });
-    for _ in 0..100 {
-        if let Ok(c) = KvClient::connect(url.clone()).await {
-            return (c, stop);
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the server did not start");
+    let s = common::server(&format!("hostile-{tag}")).await;
+    (s.kv, s.stop)
 }
 
 /// A transaction `depth` deep (1: no nested transaction), putting one key at the bottom.
