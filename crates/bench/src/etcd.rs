@@ -176,7 +176,7 @@ mod tests {
     use std::time::Duration;
 
     use super::{go_g, layout};
-    use crate::report::{Report, Tally};
+    use crate::tests::report;
 
     /// Stdout of etcd 3.5.17's `benchmark` against etcd 3.5.17, captured once: the progress
     /// bar, then the report.
@@ -184,29 +184,6 @@ mod tests {
     const PUT_PRECISE: &str = include_str!("../testdata/etcd-3.5.17-put-precise.txt");
     const RANGE: &str = include_str!("../testdata/etcd-3.5.17-range.txt");
     const ERRORS: &str = include_str!("../testdata/etcd-3.5.17-put-errors.txt");
-
-    fn report(
-        workload: &str,
-        latencies_us: impl IntoIterator<Item = u64>,
-        errors: &[(&str, u64)],
-    ) -> Report {
-        let mut tally = Tally::new();
-        for us in latencies_us {
-            tally.record(Duration::from_micros(us), Ok(()));
-        }
-        for (e, n) in errors {
-            (0..*n).for_each(|_| tally.record(Duration::ZERO, Err(e.to_string())));
-        }
-        Report {
-            workload: workload.into(),
-            endpoint: "test".into(),
-            server_version: "test".into(),
-            params: Default::default(),
-            elapsed: Duration::from_millis(500),
-            tally,
-            extra: Default::default(),
-        }
-    }
 
     /// What etcd printed, without its progress bar (a line of its own, drawn with `\r`:
     /// cairn's goes to standard error).

@@ -100,16 +100,22 @@ fn a_closed_pipe_ends_the_output_quietly() {
     assert!(matches!(r, Err(BenchError::Output(_))), "{r:?}");
 }
 
-fn report(ok_us: &[u64], errors: &[(&str, u64)]) -> Report {
+/// A finished run of `workload` with these latencies and failed requests, for tests of what is
+/// printed from it.
+pub(crate) fn report(
+    workload: &str,
+    latencies_us: impl IntoIterator<Item = u64>,
+    errors: &[(&str, u64)],
+) -> Report {
     let mut tally = Tally::new();
-    for us in ok_us {
-        tally.record(Duration::from_micros(*us), Ok(()));
+    for us in latencies_us {
+        tally.record(Duration::from_micros(us), Ok(()));
     }
     for (e, n) in errors {
         (0..*n).for_each(|_| tally.record(Duration::ZERO, Err(e.to_string())));
     }
     Report {
-        workload: "put".into(),
+        workload: workload.into(),
         endpoint: "test".into(),
         server_version: "test".into(),
         params: Default::default(),
@@ -121,8 +127,8 @@ fn report(ok_us: &[u64], errors: &[(&str, u64)]) -> Report {
 
 #[test]
 fn a_run_with_failed_requests_fails() {
-    assert!(report(&[100, 200], &[]).failure().is_none());
-    let failed = report(&[100], &[("watch events missing", 3), ("Unavailable: gone", 1)]);
+    assert!(report("put", [100, 200], &[]).failure().is_none());
+    let failed = report("put", [100], &[("watch events missing", 3), ("Unavailable: gone", 1)]);
     let e = failed.failure().expect("a run with failed requests fails");
     assert_eq!(e.to_string(), "4 of 5 requests failed (most often: 3 x watch events missing)");
 }
