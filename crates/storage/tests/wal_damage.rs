@@ -7,6 +7,14 @@ use cairn_storage::faulty::FaultyDir;
 use cairn_storage::fs::{Dir, File, OsDir};
 use cairn_storage::{repair, Wal, WalError, WalOptions};
 
+mod common;
+use common::{image, read as bytes};
+
+/// Start offsets of the records in a segment.
+fn record_offsets(data: &[u8]) -> Vec<usize> {
+    common::records(data).into_iter().map(|(start, _)| start).collect()
+}
+
 fn entry(i: u64) -> Entry {
     Entry {
         term: Term(1),
@@ -17,33 +25,6 @@ fn entry(i: u64) -> Entry {
 
 fn entries(range: std::ops::RangeInclusive<u64>) -> Vec<Entry> {
     range.map(entry).collect()
-}
-
-fn bytes<D: Dir>(dir: &D, name: &str) -> Vec<u8> {
-    let f = dir.open(name).expect("the file opens");
-    let mut b = vec![0u8; f.size().expect("a size") as usize];
-    f.read_at(0, &mut b).expect("the file reads");
-    b
-}
-
-/// Every file of the directory with its bytes, to prove a refused open changed nothing.
-fn image(dir: &FaultyDir) -> Vec<(String, Vec<u8>)> {
-    dir.list().expect("lists").into_iter().map(|n| (n.clone(), bytes(dir, &n))).collect()
-}
-
-/// Start offsets of the records in a segment, read from their length fields.
-fn record_offsets(data: &[u8]) -> Vec<usize> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos + 9 <= data.len() {
-        let len = u32::from_be_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-        if len == 0 {
-            break;
-        }
-        out.push(pos);
-        pos += 8 + len;
-    }
-    out
 }
 
 const OPTS: WalOptions = WalOptions { segment_bytes: 1 << 20 };

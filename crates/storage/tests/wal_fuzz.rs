@@ -12,6 +12,9 @@ use cairn_storage::fs::{Dir, File};
 use cairn_storage::{Wal, WalError, WalOptions};
 use proptest::prelude::*;
 
+mod common;
+use common::{image, read};
+
 const SEGMENT: u64 = 600;
 
 fn opts() -> WalOptions {
@@ -24,24 +27,11 @@ fn config() -> ProptestConfig {
     ProptestConfig { cases, ..ProptestConfig::default() }
 }
 
-fn read<D: Dir>(dir: &D, name: &str) -> Vec<u8> {
-    let f = dir.open(name).expect("opens");
-    let mut b = vec![0u8; f.size().expect("a size") as usize];
-    f.read_at(0, &mut b).expect("reads");
-    b
-}
-
 fn write<D: Dir>(dir: &D, name: &str, data: &[u8]) {
     let mut f = dir.open(name).expect("opens");
     f.set_len(data.len() as u64).expect("sizes");
     f.write_at(0, data).expect("writes");
     f.sync_data().expect("syncs");
-}
-
-fn image(dir: &FaultyDir) -> Vec<(String, Vec<u8>)> {
-    let mut names = dir.list().expect("lists");
-    names.sort();
-    names.into_iter().map(|n| (n.clone(), read(dir, &n))).collect()
 }
 
 /// Opens the log and checks what any outcome must satisfy: a refusal is `Corrupt` and leaves
@@ -97,20 +87,14 @@ fn written_log(batches: &[(u8, bool)]) -> (FaultyDir, Layout) {
 
 /// Each entry record of a well-formed segment as (offset, end, entry index).
 fn entry_records(data: &[u8]) -> Vec<(usize, usize, u64)> {
-    let mut out = Vec::new();
-    let mut pos = 0;
-    while pos + 9 <= data.len() {
-        let len = u32::from_be_bytes(data[pos..pos + 4].try_into().expect("4 bytes")) as usize;
-        if len == 0 {
-            break;
-        }
-        if data[pos + 8] == 1 {
-            let index = u64::from_be_bytes(data[pos + 17..pos + 25].try_into().expect("8 bytes"));
-            out.push((pos, pos + 8 + len, index));
-        }
-        pos += 8 + len;
-    }
-    out
+    let entries = common::records(data).into_iter().filter(|&(start, _)| data[start + 8] == 1);
+    entries
+        .map(|(start, end)| {
+            let index =
+                u64::from_be_bytes(data[start + 17..start + 25].try_into().expect("8 bytes"));
+            (start, end, index)
+        })
+        .collect()
 }
 
 /// A change to one segment: xor bytes at an offset, or cut the file short.
