@@ -106,7 +106,7 @@ impl Keys {
     /// Appends `parts`; returns where they start.
     fn push(&mut self, parts: &[&[u8]]) -> u32 {
         let at = u32::try_from(self.bytes.len()).expect("key bytes per stream are bounded");
-        grow_by_quarter(&mut self.bytes, parts.iter().map(|p| p.len()).sum());
+        make_room(&mut self.bytes, parts.iter().map(|p| p.len()).sum());
         parts.iter().for_each(|p| self.bytes.extend_from_slice(p));
         at
     }
@@ -122,7 +122,7 @@ impl Keys {
 /// A large one doubles as usual: the allocator maps it apart, and the many buffers left behind
 /// by quarter steps cost more than the spare capacity (10,000 watchers on one stream: 72 bytes
 /// of RSS each when doubling, 89-96 with quarter steps).
-fn grow_by_quarter<T>(v: &mut Vec<T>, more: usize) {
+fn make_room<T>(v: &mut Vec<T>, more: usize) {
     const SMALL_BYTES: usize = 32 << 10;
     if v.capacity() - v.len() >= more {
         return;
@@ -193,7 +193,7 @@ impl Watchers {
         let slot = u32::try_from(self.slots.len()).expect("watchers per stream are bounded");
         let (hid, hkey) = (self.hash_id(id), self.hash_key(key));
         let single = w.single();
-        grow_by_quarter(&mut self.slots, 1);
+        make_room(&mut self.slots, 1);
         self.slots.push(w);
         let slots = &self.slots;
         self.by_id.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
