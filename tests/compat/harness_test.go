@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -24,13 +23,16 @@ import (
 // of cairn: every expectation here is a claim about etcd's behaviour, and this checks it.
 func etcdBin() string { return os.Getenv("COMPAT_ETCD") }
 
+// freePort is a port nothing listens on, from below the ephemeral range, never one handed out
+// before in this run (harness.RandomFreePort): a server's client and peer ports are picked
+// before it binds either.
 func freePort(t *testing.T) int {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	t.Helper()
+	if p := harness.RandomFreePort(200); p != 0 {
+		return p
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("no free port found in 20000-32000")
+	return 0
 }
 
 // server is one cairn process on a loopback port with its own data directory.

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -64,12 +65,18 @@ const (
 )
 
 // RandomFreePort draws up to `attempts` ports from [PortsFrom, PortsTo) at random, passing over
-// those in avoid, and returns the first one nothing listens on now; 0 if none was free. Each
-// caller fails its test in its own words.
+// those in avoid and those it returned lately in this process, and returns the first one nothing
+// listens on now; 0 if none was free. Each caller fails its test in its own words.
+//
+// A port is free only until its owner binds it: a cluster picks nine ports before its first
+// member starts, so without the memory of what it handed out two members could be given the
+// same port (CI saw it: "Address already in use" from the third member).
 func RandomFreePort(attempts int, avoid ...int) int {
+	handed.mu.Lock()
+	defer handed.mu.Unlock()
 	for i := 0; i < attempts; i++ {
 		p := PortsFrom + rand.Intn(PortsTo-PortsFrom)
-		taken := false
+		taken := handed.set[p]
 		for _, a := range avoid {
 			taken = taken || a == p
 		}
@@ -81,9 +88,33 @@ func RandomFreePort(attempts int, avoid ...int) int {
 			continue
 		}
 		l.Close()
+		handed.remember(p)
 		return p
 	}
 	return 0
+}
+
+// rememberedPorts is how many of the latest ports RandomFreePort will not hand out again: far
+// more than one test holds at once, and a third of the range, so that long fault runs still
+// find free ports quickly.
+const rememberedPorts = (PortsTo - PortsFrom) / 3
+
+// handedPorts is the memory of the ports RandomFreePort returned, oldest first in order.
+type handedPorts struct {
+	mu    sync.Mutex
+	set   map[int]bool
+	order []int
+}
+
+var handed = handedPorts{set: map[int]bool{}}
+
+func (h *handedPorts) remember(p int) {
+	h.set[p] = true
+	h.order = append(h.order, p)
+	if len(h.order) > rememberedPorts {
+		delete(h.set, h.order[0])
+		h.order = h.order[1:]
+	}
 }
 
 // Tail is the last max bytes of the file at path ("" if it cannot be read): the end of a
