@@ -37,6 +37,9 @@ pub enum KvError {
     /// has no such limit beyond gRPC's decoding depth; this one keeps every accepted request
     /// decodable when it is applied.
     TxnTooDeep,
+    /// A snapshot replaced the store's state while a range was being read in steps
+    /// (Unavailable: the client retries).
+    Interrupted,
     /// The backend failed; the node must stop.
     Backend(BackendError),
 }
@@ -59,6 +62,7 @@ impl KvError {
             KvError::LeaseExist => "etcdserver: lease already exists",
             KvError::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             KvError::TxnTooDeep => "cairn: transactions nested too deeply",
+            KvError::Interrupted => "cairn: a snapshot replaced the member's data during the read",
             KvError::Backend(_) => "cairn: storage failure",
         }
     }

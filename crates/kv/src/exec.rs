@@ -198,13 +198,7 @@ impl<V: BackendView> Exec<'_, V> {
     }
 
     fn write(&mut self, id: RevisionId, key: Bytes, record: Record) {
-        let entry = IndexEntry {
-            rev: id,
-            create: record.create,
-            version: record.version,
-            lease: record.lease,
-            tombstone: record.tombstone,
-        };
+        let entry = IndexEntry::of(id, &record);
         self.batch.puts.push((id, record.encode()));
         self.pending.insert(id, record);
         self.index.push(key, entry);

@@ -19,6 +19,9 @@ pub struct IndexEntry {
     pub lease: LeaseId,
     /// The key was deleted at `rev`.
     pub tombstone: bool,
+    /// The value's length (saturated), so a range knows what it will read before it reads it.
+    /// It fits in the padding after `tombstone`: the entry stays 48 bytes.
+    pub value_len: u32,
 }
 
 impl IndexEntry {
@@ -30,6 +33,7 @@ impl IndexEntry {
             version: record.version,
             lease: record.lease,
             tombstone: record.tombstone,
+            value_len: u32::try_from(record.value.len()).unwrap_or(u32::MAX),
         }
     }
 }
@@ -59,19 +63,34 @@ impl Index {
         &self,
         range: &KeyRange,
         rev: Revision,
+        visit: impl FnMut(&Bytes, IndexEntry) -> bool,
+    ) {
+        self.range_from(range, rev, None, visit);
+    }
+
+    /// Like [`Index::range`], from key `from` on (inclusive; `None`: the range's start).
+    pub fn range_from(
+        &self,
+        range: &KeyRange,
+        rev: Revision,
+        from: Option<&[u8]>,
         mut visit: impl FnMut(&Bytes, IndexEntry) -> bool,
     ) {
+        let lower: &[u8] = match from {
+            Some(f) if f > range.start().as_ref() => f,
+            _ => range.start(),
+        };
         if let KeyRange::Single(k) = range {
-            if let Some(e) = self.get(k, rev) {
+            if let Some(e) = self.get(k, rev).filter(|_| lower <= k.as_ref()) {
                 visit(k, e);
             }
             return;
         }
-        let upper = range.end().map_or(Bound::Unbounded, Bound::Excluded);
-        if range.end().is_some_and(|end| end <= range.start()) {
+        if range.end().is_some_and(|end| end.as_ref() <= lower) {
             return;
         }
-        for (key, list) in self.keys.range::<Bytes, _>((Bound::Included(range.start()), upper)) {
+        let upper = range.end().map_or(Bound::Unbounded, |e| Bound::Excluded(e.as_ref()));
+        for (key, list) in self.keys.range::<[u8], _>((Bound::Included(lower), upper)) {
             if let Some(e) = live_at(list, rev) {
                 if !visit(key, e) {
                     return;

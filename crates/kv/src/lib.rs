@@ -34,5 +34,5 @@ pub use error::KvError;
 pub use hash::KvHash;
 pub use snapshot::{ImageMeta, InstallError};
 #[doc(hidden)]
-pub use store::{Applied, History, Outcome, Prepared, Store};
+pub use store::{Applied, History, Outcome, Prepared, RangeRead, Store, KV_OVERHEAD_BYTES};
 pub use types::*;

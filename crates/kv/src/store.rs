@@ -22,11 +22,13 @@
 
 mod events;
 mod image;
+mod read;
 
 pub use events::History;
+pub use read::{RangeRead, KV_OVERHEAD_BYTES};
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
@@ -109,6 +111,8 @@ pub struct Store<B: Backend> {
     inner: RwLock<Inner>,
     /// Serializes backend writers (commits and physical compaction).
     writer: Mutex<()>,
+    /// The revisions of range reads in progress, whose history compaction keeps for now.
+    pins: Arc<read::Pins>,
 }
 
 /// One committed Raft entry for the store: its index, and its command if it carries one.
@@ -159,7 +163,12 @@ impl<B: Backend> Store<B> {
             }
         }
         let inner = Inner::new(index, members, leases, meta, 0);
-        Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
+        Ok(Store {
+            backend,
+            inner: RwLock::new(inner),
+            writer: Mutex::new(()),
+            pins: Arc::default(),
+        })
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -375,10 +384,14 @@ impl<B: Backend> Store<B> {
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let batch = {
             let mut inner = self.write();
-            if let Some((at, cursor)) = inner.index_compaction.take() {
-                let (dropped, resume) = inner.index.compact_some(at, cursor.as_ref(), max);
-                inner.to_remove.extend(dropped);
-                inner.index_compaction = resume.map(|k| (at, Some(k)));
+            // A read in progress below the compaction point still needs the history it would
+            // shed (store/read.rs); the pin is taken under the read lock, so it is seen here.
+            if !self.index_compaction_held(&inner) {
+                if let Some((at, cursor)) = inner.index_compaction.take() {
+                    let (dropped, resume) = inner.index.compact_some(at, cursor.as_ref(), max);
+                    inner.to_remove.extend(dropped);
+                    inner.index_compaction = resume.map(|k| (at, Some(k)));
+                }
             }
             let idle = inner.index_compaction.is_none() && inner.to_remove.is_empty();
             if idle && inner.compacted_physically == inner.compacted {
@@ -413,9 +426,17 @@ impl<B: Backend> Store<B> {
     /// before its history can be removed).
     pub fn compaction_work(&self) -> bool {
         let inner = self.read();
+        let index = inner.index_compaction.is_some();
         !inner.to_remove.is_empty()
-            || inner.index_compaction.is_some()
-            || inner.compacted_physically != inner.compacted
+            || (index && !self.index_compaction_held(&inner))
+            || (!index && inner.compacted_physically != inner.compacted)
+    }
+
+    /// Whether the index compaction in progress waits for a range read pinned below it: until
+    /// the read ends, there is no work (the committer must not spin on it).
+    fn index_compaction_held(&self, inner: &Inner) -> bool {
+        let lowest = self.pins.lowest();
+        inner.index_compaction.as_ref().is_some_and(|(at, _)| lowest.is_some_and(|p| p < *at))
     }
 }
 

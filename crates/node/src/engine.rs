@@ -1,8 +1,10 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
 mod lease;
+mod range;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub use range::RangePlan;
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -13,8 +15,8 @@ use std::time::Instant;
 
 use cairn_kv::{
     Command, CommandResponse, CompactRequest, CompactResponse, DeleteRangeRequest,
-    DeleteRangeResponse, KvError, MemberAttributes, PutRequest, PutResponse, RangeRequest,
-    RangeResponse, Store, TxnRequest, TxnResponse,
+    DeleteRangeResponse, MemberAttributes, PutRequest, PutResponse, RangeRequest, Store,
+    TxnRequest, TxnResponse,
 };
 use cairn_raft::{ConfState, NodeId};
 use cairn_storage::fs::OsDir;
@@ -421,21 +423,6 @@ impl Engine {
             .delete_range(DeleteRangeRequest { key: key.into(), ..DeleteRangeRequest::default() })
             .await?;
         Ok(resp.deleted > 0)
-    }
-
-    /// A read: linearizable unless `serializable` is set, in which case it reads this member's
-    /// applied state without a round of Raft.
-    pub async fn range(&self, req: RangeRequest) -> Result<RangeResponse, EngineError> {
-        if req.key.is_empty() {
-            return Err(KvError::EmptyKey.into());
-        }
-        if self.shared.failed.load(Ordering::SeqCst) {
-            return Err(self.stopped());
-        }
-        if !req.serializable {
-            self.read_barrier().await?;
-        }
-        Ok(self.shared.store.range(&req)?)
     }
 
     /// etcd's `HashKV`: a hash of this member's key history up to `rev` (0: the current

@@ -66,7 +66,7 @@ pub use config::ReplicaBug;
 #[doc(hidden)]
 pub use config::ReplicaConfig;
 pub use config::{min_lease_ttl, EngineConfig, ReadMode};
-pub use engine::{Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub use engine::{Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, RangePlan};
 pub use error::{EngineError, OpenError, StopCause, StorageError};
 #[doc(hidden)]
 pub use ids::{RequestId, RequestIds};

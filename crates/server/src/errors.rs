@@ -21,6 +21,7 @@ pub fn status(e: EngineError) -> Status {
             KvError::LeaseExist => Code::FailedPrecondition,
             KvError::LeaseTtlTooLarge => Code::OutOfRange,
             KvError::Backend(_) => Code::DataLoss,
+            KvError::Interrupted => Code::Unavailable,
             _ => Code::Internal,
         },
         EngineError::RequestTooLarge => Code::InvalidArgument,

@@ -39,6 +39,8 @@ mod listen;
 #[cfg(feature = "server")]
 mod pipe;
 #[cfg(feature = "server")]
+mod range_budget;
+#[cfg(feature = "server")]
 mod range_stream;
 #[cfg(all(test, feature = "server"))]
 mod request_fuzz;
@@ -88,6 +90,9 @@ pub struct ServeConfig {
     /// Most client connections open at once (0: as many as the open-file limit allows, less
     /// the descriptors kept for the WAL, database and peers, which bounds any value).
     pub max_client_conns: usize,
+    /// Bytes that large Range responses being read or sent may take in all
+    /// (`--max-range-bytes-in-flight`; 0: an eighth of the memory, between 64 MiB and 4 GiB).
+    pub max_range_bytes_in_flight: u64,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -125,6 +130,10 @@ pub async fn serve(
         watch_progress_interval: cfg.watch_progress_interval,
         stopping: stop_rx.clone(),
         leader_channels: lease::LeaderChannels::default(),
+        range_budget: range_budget::RangeBudget::new(match cfg.max_range_bytes_in_flight {
+            0 => range_budget::default_bytes(),
+            n => n,
+        }),
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
@@ -148,11 +157,14 @@ pub async fn serve(
             cairn_proto::wire::etcdserverpb::watch_server::WatchServer::new(ctx.clone())
         ))
         .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
-    let grpc_routes = routes.into_axum_router().layer(tower::util::MapRequestLayer::new(
-        move |req: axum::http::Request<axum::body::Body>| {
-            req.map(|body| grpc_limit::limit(body, max_decode))
-        },
-    ));
+    let grpc_routes = routes
+        .into_axum_router()
+        .layer(tower::util::MapRequestLayer::new(
+            move |req: axum::http::Request<axum::body::Body>| {
+                req.map(|body| grpc_limit::limit(body, max_decode))
+            },
+        ))
+        .layer(tower::util::MapResponseLayer::new(range_budget::hold_until_sent));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut listeners = Vec::new();
     for addr in addrs {

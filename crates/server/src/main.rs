@@ -111,6 +111,12 @@ struct ServeArgs {
     /// the cap, new connections are closed at once. etcd has no such flag.
     #[arg(long, default_value_t = 10_000)]
     max_client_conns: usize,
+    /// Bytes that Range responses of more than 1,000 keys or 1 MiB may take in all while they
+    /// are read and sent (0: an eighth of the memory, between 64 MiB and 4 GiB). A larger range
+    /// fails with ResourceExhausted; ranges that would exceed it together wait their turn, up to
+    /// 10 s. etcd has no such bound.
+    #[arg(long, default_value_t = 0)]
+    max_range_bytes_in_flight: u64,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -172,6 +178,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         watch_progress_interval: a.watch_progress_notify_interval,
         max_concurrent_streams: a.max_concurrent_streams,
         max_client_conns: a.max_client_conns,
+        max_range_bytes_in_flight: a.max_range_bytes_in_flight,
     })
 }
 

@@ -11,6 +11,7 @@ use tonic::{Request, Response, Status};
 
 use crate::convert::{self, Header};
 use crate::errors::{no_leader, not_yet, status};
+use crate::range_budget::{self, RangeBudget};
 
 /// The etcd version cairn reports. Clients gate features on it: Kubernetes enables watch
 /// progress requests only for 3.4.25+ outside 3.5.0–3.5.7, so report a current 3.6 release.
@@ -27,6 +28,8 @@ pub struct Ctx {
     pub stopping: tokio::sync::watch::Receiver<bool>,
     /// Connections to the leader, for the calls a follower forwards (keepalives, TTLs).
     pub leader_channels: crate::lease::LeaderChannels,
+    /// The bytes large Range responses in flight may take.
+    pub range_budget: RangeBudget,
 }
 
 /// The response header of this member now.
@@ -58,8 +61,29 @@ impl pb::kv_server::Kv for Ctx {
     ) -> Result<Response<pb::RangeResponse>, Status> {
         self.check_leader(&req)?;
         let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
-        let r = self.engine.range(req).await.map_err(status)?;
-        Ok(Response::new(self.header().range(r)))
+        let plan = self.engine.range_plan(req).await.map_err(status)?;
+        // A large answer is read only once its bytes fit in the budget, and they stay charged
+        // until the response is sent (range_budget.rs).
+        let charge = match plan.is_read() {
+            true => None,
+            false => Some(self.range_budget.charge(plan.bytes(), range_budget::MAX_WAIT).await?),
+        };
+        let Some(charge) = charge else {
+            let r = self.engine.range_read(plan).await.map_err(status)?;
+            return Ok(Response::new(self.header().range(r)));
+        };
+        // Reading a large range's values and building its response take tens of milliseconds
+        // of CPU: on a thread of the blocking pool, so the runtime's threads keep serving
+        // small requests meanwhile (the OS shares the cores; a yielding task would share one
+        // runtime thread's queue with every other request).
+        let (engine, header) = (self.engine.clone(), self.header());
+        let built = tokio::task::spawn_blocking(move || {
+            engine.range_read_blocking(plan).map(|r| header.range(r))
+        });
+        let resp = built.await.map_err(|e| Status::internal(format!("range read: {e}")))?;
+        let mut resp = Response::new(resp.map_err(status)?);
+        resp.extensions_mut().insert(charge);
+        Ok(resp)
     }
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {

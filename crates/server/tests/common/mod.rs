@@ -19,20 +19,27 @@ pub struct Server {
 
 /// Starts a server named `tag` and waits until a KV client connects.
 pub async fn server(tag: &str) -> Server {
+    server_with(tag, |_| {}).await
+}
+
+/// [`server`], with its configuration changed by `tweak` first.
+pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Server {
     let dir = std::env::temp_dir().join(format!("cairn-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let port = probe.local_addr().expect("a bound port").port();
     drop(probe);
     let url = format!("http://127.0.0.1:{port}");
-    let cfg = ServeConfig {
+    let mut cfg = ServeConfig {
         engine: EngineConfig::new(tag, &dir),
         listen_client_urls: vec![url.clone()],
         advertise_peer_urls: vec![],
         watch_progress_interval: Duration::from_secs(600),
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
+        max_range_bytes_in_flight: 0,
     };
+    tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         let _ = cairn::serve(cfg, async move {
