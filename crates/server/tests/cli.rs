@@ -140,7 +140,8 @@ fn unusable_tls_flags_are_refused_in_etcds_words_before_anything_is_written() {
     let no_cert = format!(
         "TLS key/cert (--cert-file, --key-file) must be provided for client url {https} with HTTPS scheme"
     );
-    let cases: [(Vec<&str>, &str); 5] = [
+    let peer_files = ["--peer-cert-file", &cert, "--peer-key-file", &other_key];
+    let cases: [(Vec<&str>, &str); 6] = [
         (client.to_vec(), &no_cert),
         (
             [&client[..], &["--cert-file", &cert]].concat(),
@@ -152,6 +153,11 @@ fn unusable_tls_flags_are_refused_in_etcds_words_before_anything_is_written() {
         ),
         ([&client[..], &["--cert-file", &missing, "--key-file", &key]].concat(), "open "),
         ([&client[..], &peers[..]].concat(), "cannot listen on TLS for https://127.0.0.1"),
+        // The peer flags reach the peer listeners: their key is checked too.
+        (
+            [&client[..], &peers[..], &peer_files[..]].concat(),
+            "peer TLS: tls: private key does not match public key",
+        ),
     ];
     for (i, (args, want)) in cases.iter().enumerate() {
         let data = tmp(&format!("tls-{i}"));
