@@ -61,7 +61,7 @@ pub(crate) async fn serve(
     conns: Arc<ConnLimit>,
     tls: Tls,
 ) {
-    let stopping = crate::streams::stopped(stop);
+    let stopping = crate::streams::stopped(stop.clone());
     tokio::pin!(stopping);
     let mut builder = Builder::new(TokioExecutor::new());
     builder
@@ -86,8 +86,13 @@ pub(crate) async fn serve(
         // Without TCP_NODELAY, small gRPC frames wait for delayed ACKs (about 40 ms each).
         let _ = tcp.set_nodelay(true);
         if let Some(tls) = &tls {
-            let (builder, router, watcher) = (builder.clone(), router.clone(), graceful.watcher());
-            tokio::spawn(serve_tls(tcp, addr, tls.acceptor(), builder, router, watcher, admitted));
+            let stack = Stack {
+                builder: builder.clone(),
+                router: router.clone(),
+                watcher: graceful.watcher(),
+                stop: stop.clone(),
+            };
+            tokio::spawn(serve_tls(tcp, addr, tls.acceptor(), stack, admitted));
             continue;
         }
         // Frames written together (see `Coalesced`); etcdctl 3.4 sends a URL as :authority,
@@ -105,6 +110,17 @@ pub(crate) async fn serve(
     graceful.shutdown().await;
 }
 
+/// What a TLS connection's task serves with, once its handshake is done.
+struct Stack {
+    builder: Builder<TokioExecutor>,
+    router: crate::http::Dispatch,
+    /// Holds the graceful stop until the connection ends.
+    watcher: Watcher,
+    /// A handshake still under way when the server stops is dropped at once rather than
+    /// holding the stop for up to [`HANDSHAKE_TIMEOUT`].
+    stop: watch::Receiver<bool>,
+}
+
 /// Serves one connection of an `https://` listener: the handshake, then the client port's stack
 /// over rustls, with the client certificate's Common Name on every request (see
 /// [`ClientCertName`]).
@@ -112,12 +128,16 @@ async fn serve_tls(
     tcp: tokio::net::TcpStream,
     addr: std::net::SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
-    builder: Builder<TokioExecutor>,
-    router: crate::http::Dispatch,
-    watcher: Watcher,
+    stack: Stack,
     admitted: Admitted,
 ) {
-    let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+    let Stack { builder, router, watcher, stop } = stack;
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+    let handshake = tokio::select! {
+        done = handshake => done,
+        () = crate::streams::stopped(stop) => return,
+    };
+    let stream = match handshake {
         Ok(Ok(s)) => s,
         // etcd logs these too: a plain client on a TLS port, an untrusted certificate.
         Ok(Err(e)) => return tracing::warn!(%addr, "rejected a client connection: TLS: {e}"),
@@ -186,8 +206,12 @@ mod tests {
         let other = pki::Ca::new(&dir, "other");
         let refused = whoami(addr, other.files("mallory", "alice", false)).await;
         assert!(refused.is_err() || !refused.expect("read").contains("name="));
+        // A client that never starts its handshake does not hold up the stop.
+        let _idle = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        tokio::time::sleep(Duration::from_millis(50)).await;
         let _ = stop.send(true);
-        served.await.expect("the listener stops");
+        let stopped = tokio::time::timeout(Duration::from_secs(3), served).await;
+        stopped.expect("the listener stops at once").expect("the listener's task");
         let _ = std::fs::remove_dir_all(dir);
     }
 }
