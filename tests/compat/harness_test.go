@@ -44,6 +44,7 @@ type server struct {
 	port     int
 	peerPort int // etcd only: its peer listener, unused with one member
 	url      string
+	health   *http.Client // asks /health during start; nil: http.DefaultClient
 }
 
 // startServer starts cairn (or etcd, see etcdBin) with its data in dataDir ("" for a fresh one).
@@ -72,7 +73,11 @@ func (s *server) start(extra ...string) {
 		args := append([]string{"serve", "--data-dir", s.dataDir, "--listen-client-urls", s.url}, extra...)
 		s.cmd = exec.Command(harness.CairnBin(s.t), args...)
 	}
-	exited, err := launch(s.cmd, s.url, 15*time.Second)
+	health := s.health
+	if health == nil {
+		health = http.DefaultClient
+	}
+	exited, err := launchWith(s.cmd, s.url, health, 15*time.Second)
 	s.exited = exited
 	if err != nil {
 		s.cmd = nil
@@ -84,6 +89,11 @@ func (s *server) start(extra ...string) {
 // at once, with what it wrote (stderr is also passed through); one that never answers, after
 // `within`. The returned channel closes once the process has been reaped.
 func launch(cmd *exec.Cmd, url string, within time.Duration) (chan struct{}, error) {
+	return launchWith(cmd, url, http.DefaultClient, within)
+}
+
+// launchWith is launch asking /health with client (one that speaks TLS to an https:// url).
+func launchWith(cmd *exec.Cmd, url string, client *http.Client, within time.Duration) (chan struct{}, error) {
 	out := &syncBuffer{}
 	cmd.Stderr = io.MultiWriter(os.Stderr, out)
 	exited := make(chan struct{})
@@ -100,7 +110,7 @@ func launch(cmd *exec.Cmd, url string, within time.Duration) (chan struct{}, err
 			return exited, fmt.Errorf("the server exited during start (%v); it said:\n%s", waitErr, out.String())
 		default:
 		}
-		resp, err := http.Get(url + "/health")
+		resp, err := client.Get(url + "/health")
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == 200 {

@@ -45,6 +45,10 @@ pub struct ClusterConfig {
     pub state: ClusterState,
     /// `--listen-peer-urls`.
     pub listen_peer_urls: Vec<String>,
+    /// `--peer-cert-file`, `--peer-key-file`, `--peer-trusted-ca-file` and
+    /// `--peer-client-cert-auth`, for `https://` peer URLs: served on the peer listeners, and
+    /// presented to (and verifying) the peers this member dials.
+    pub peer_tls: Option<cairn_transport::TlsFiles>,
 }
 
 /// Why the cluster flags do not describe a cluster this member can start in.
@@ -154,6 +158,7 @@ impl ClusterConfig {
             members,
             state,
             listen_peer_urls: listen_peer_urls.to_vec(),
+            peer_tls: None,
         })
     }
 

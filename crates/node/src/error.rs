@@ -165,6 +165,15 @@ pub enum OpenError {
     },
     /// A peer URL cannot be used.
     PeerUrl(cairn_transport::url::UrlError),
+    /// The peer certificate files cannot be used.
+    PeerTls(cairn_transport::TlsError),
+    /// An `https://` peer URL without `--peer-cert-file` and `--peer-key-file`.
+    PeerTlsMissing {
+        /// The URL.
+        url: String,
+        /// Whether it is one to listen on (else one to dial).
+        listen: bool,
+    },
     /// A `--listen-peer-urls` address could not be bound.
     PeerListen {
         /// The URL.
@@ -297,6 +306,16 @@ impl fmt::Display for OpenError {
                 dir.display()
             ),
             OpenError::PeerUrl(e) => write!(f, "{e}"),
+            OpenError::PeerTls(e) => write!(f, "peer TLS: {e}"),
+            // etcd's words (transport.newTLSListener, embed.configureClientListeners).
+            OpenError::PeerTlsMissing { url, listen: true } => write!(
+                f,
+                "cannot listen on TLS for {url}: KeyFile and CertFile are not presented (--peer-cert-file, --peer-key-file)"
+            ),
+            OpenError::PeerTlsMissing { url, listen: false } => write!(
+                f,
+                "TLS key/cert (--peer-cert-file, --peer-key-file) must be provided for peer url {url} with HTTPS scheme"
+            ),
             OpenError::PeerListen { url, source } => {
                 write!(f, "cannot listen for peers on {url}: {source}")
             }
@@ -359,6 +378,11 @@ impl PartialEq for OpenError {
                 OpenError::OtherCluster { dir: b, found: z, expected: w },
             ) => a == b && x == z && y == w,
             (OpenError::PeerUrl(a), OpenError::PeerUrl(b)) => a == b,
+            (OpenError::PeerTls(a), OpenError::PeerTls(b)) => a.to_string() == b.to_string(),
+            (
+                OpenError::PeerTlsMissing { url: a, listen: x },
+                OpenError::PeerTlsMissing { url: b, listen: y },
+            ) => a == b && x == y,
             (OpenError::PeerListen { source: a, .. }, OpenError::PeerListen { source: b, .. }) => {
                 Arc::ptr_eq(a, b)
             }

@@ -4,8 +4,10 @@
 use std::sync::{mpsc, Arc};
 
 use cairn_raft::{Message, NodeId, SnapshotStatus};
-use cairn_transport::url::{listen_addr, resolve};
-use cairn_transport::{Sink, Transport, TransportConfig};
+use cairn_transport::url::{host, is_tls, listen_addr, resolve, UrlError};
+use cairn_transport::{
+    ClientTls, Listener, PeerAddr, ServerName, ServerTls, Sink, Transport, TransportConfig,
+};
 
 use crate::cluster::ClusterConfig;
 use crate::driver::Input;
@@ -45,19 +47,58 @@ pub(crate) fn start(
 ) -> Result<Transport, EngineError> {
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
+    let (server_tls, client_tls) = peer_tls(cluster).map_err(open)?;
     for url in &cluster.listen_peer_urls {
         let addr = listen_addr(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
-        let listener = std::net::TcpListener::bind(addr)
+        let socket = std::net::TcpListener::bind(addr)
             .map_err(|e| open(OpenError::PeerListen { url: url.clone(), source: Arc::new(e) }))?;
         tracing::info!("listening for peers on {url}");
-        cfg.listeners.push(listener);
+        let tls = if is_tls(url) { server_tls.clone() } else { None };
+        cfg.listeners.push(Listener { socket, tls });
     }
     for member in cluster.peers() {
         let mut addrs = Vec::new();
         for url in &member.peer_urls {
-            addrs.extend(resolve(url).map_err(|e| open(OpenError::PeerUrl(e)))?);
+            let tls = match &client_tls {
+                Some(tls) if is_tls(url) => {
+                    let host = host(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
+                    let name = ServerName::try_from(host.to_string())
+                        .map_err(|_| open(OpenError::PeerUrl(UrlError::Malformed(url.clone()))))?;
+                    Some((name, tls.clone()))
+                }
+                _ => None,
+            };
+            let resolved = resolve(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
+            addrs.extend(resolved.into_iter().map(|addr| PeerAddr { addr, tls: tls.clone() }));
         }
         cfg.peers.insert(NodeId(member.id), addrs);
     }
     Transport::start(cfg, Arc::new(DriverSink(tx))).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
+}
+
+type PeerTls = (Option<Arc<ServerTls>>, Option<Arc<ClientTls>>);
+
+/// The peer TLS the URLs ask for, loaded once for every listener and peer: an `https://` URL
+/// without certificate files is refused, as etcd refuses it.
+fn peer_tls(cluster: &ClusterConfig) -> Result<PeerTls, OpenError> {
+    let listen = cluster.listen_peer_urls.iter().find(|u| is_tls(u));
+    let dial = cluster.peers().flat_map(|m| &m.peer_urls).find(|u| is_tls(u));
+    let Some(files) = &cluster.peer_tls else {
+        if let Some(url) = listen {
+            return Err(OpenError::PeerTlsMissing { url: url.clone(), listen: true });
+        }
+        if let Some(url) = dial {
+            return Err(OpenError::PeerTlsMissing { url: url.clone(), listen: false });
+        }
+        return Ok((None, None));
+    };
+    let server = match listen {
+        Some(_) => Some(Arc::new(ServerTls::new(files.clone(), &[]).map_err(OpenError::PeerTls)?)),
+        None => None,
+    };
+    let client = match dial {
+        Some(_) => Some(Arc::new(ClientTls::new(files.clone()).map_err(OpenError::PeerTls)?)),
+        None => None,
+    };
+    Ok((server, client))
 }

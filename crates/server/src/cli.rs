@@ -12,9 +12,10 @@ use cairn_node::OpenError;
 use cairn_transport::url::{host_port, listen_addr};
 use clap::error::{ContextKind, ContextValue, ErrorKind};
 
-/// Every flag `etcd --help` lists for etcd 3.5.17 (without `--`). Those cairn does not take are
-/// named as etcd flags it does not support yet, so someone moving an etcd command line over
-/// learns what is missing rather than getting clap's guess at a similar flag.
+/// The flags `etcd --help` lists for etcd 3.5.17 (without `--`), less the TLS flags cairn
+/// takes. Those cairn does not take are named as etcd flags it does not support yet, so
+/// someone moving an etcd command line over learns what is missing rather than getting clap's
+/// guess at a similar flag.
 const ETCD_FLAGS: &[&str] = &[
     "advertise-client-urls",
     "auth-token",
@@ -26,10 +27,8 @@ const ETCD_FLAGS: &[&str] = &[
     "backend-batch-limit",
     "backend-bbolt-freelist-type",
     "bcrypt-cost",
-    "cert-file",
     "cipher-suites",
     "client-cert-allowed-hostname",
-    "client-cert-auth",
     "client-cert-file",
     "client-crl-file",
     "client-key-file",
@@ -79,7 +78,6 @@ const ETCD_FLAGS: &[&str] = &[
     "initial-cluster-state",
     "initial-cluster-token",
     "initial-election-tick-advance",
-    "key-file",
     "listen-client-http-urls",
     "listen-client-urls",
     "listen-metrics-urls",
@@ -98,13 +96,9 @@ const ETCD_FLAGS: &[&str] = &[
     "peer-auto-tls",
     "peer-cert-allowed-cn",
     "peer-cert-allowed-hostname",
-    "peer-cert-file",
-    "peer-client-cert-auth",
     "peer-client-cert-file",
     "peer-client-key-file",
     "peer-crl-file",
-    "peer-key-file",
-    "peer-trusted-ca-file",
     "pre-vote",
     "proxy",
     "proxy-dial-timeout",
@@ -122,7 +116,6 @@ const ETCD_FLAGS: &[&str] = &[
     "strict-reconfig-check",
     "tls-max-version",
     "tls-min-version",
-    "trusted-ca-file",
     "unsafe-no-fsync",
     "v2-deprecation",
     "wal-dir",

@@ -48,6 +48,10 @@ mod request_fuzz;
 mod services;
 #[cfg(feature = "server")]
 mod streams;
+/// Test CAs and certificates, shared with the transport's tests.
+#[cfg(all(test, feature = "server"))]
+#[path = "../../transport/tests/pki/mod.rs"]
+mod test_pki;
 #[cfg(feature = "server")]
 mod watch;
 
@@ -93,17 +97,50 @@ pub struct ServeConfig {
     /// Bytes that large Range responses being read or sent may take in all
     /// (`--max-range-bytes-in-flight`; 0: an eighth of the memory, between 64 MiB and 4 GiB).
     pub max_range_bytes_in_flight: u64,
+    /// `--cert-file`, `--key-file`, `--trusted-ca-file` and `--client-cert-auth`, served on the
+    /// `https://` client URLs (and needed by them). Replaced files are served to new
+    /// connections without a restart.
+    pub client_tls: Option<cairn_transport::TlsFiles>,
 }
 
-/// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
+/// The Common Name of the certificate a client presented, once the client listener verified it
+/// (`--client-cert-auth` or `--trusted-ca-file` on an `https://` URL): a request extension on
+/// every gRPC and HTTP request of that connection, read with
+/// `request.extensions().get::<ClientCertName>()`. It is the client's identity when
+/// authentication is on and the request carries no token, as in etcd. A connection without a
+/// verified certificate has none.
+#[cfg(feature = "server")]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientCertName(pub String);
+
+/// Parses `http://host:port` or `https://host:port` into a socket address.
 #[cfg(feature = "server")]
 pub fn parse_url(url: &str) -> Result<SocketAddr, String> {
-    let rest = url.strip_prefix("http://").ok_or_else(|| {
-        format!("{url}: only http:// URLs are supported (TLS is not implemented yet)")
-    })?;
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| format!("{url}: only http:// and https:// URLs are supported"))?;
     let hostport = rest.trim_end_matches('/');
     let hostport = hostport.replace("localhost", "127.0.0.1");
     hostport.parse().map_err(|e| format!("{url}: {e}"))
+}
+
+/// The client listeners' TLS, loaded once for all of them: an `https://` URL without
+/// certificate files is refused in etcd's words.
+#[cfg(feature = "server")]
+fn client_tls(cfg: &ServeConfig) -> anyhow::Result<listen::Tls> {
+    let Some(url) = cfg.listen_client_urls.iter().find(|u| cairn_transport::url::is_tls(u)) else {
+        return Ok(None);
+    };
+    let Some(files) = &cfg.client_tls else {
+        anyhow::bail!(
+            "TLS key/cert (--cert-file, --key-file) must be provided for client url {url} with HTTPS scheme"
+        );
+    };
+    // gRPC clients need h2 by ALPN (grpc-go refuses a server without it); HTTP/1 stays for
+    // the health and version endpoints.
+    let tls = cairn_transport::ServerTls::new(files.clone(), &[b"h2", b"http/1.1"])?;
+    Ok(Some(Arc::new(tls)))
 }
 
 /// Opens the engine and serves the etcd API (and HTTP health) until `shutdown` resolves.
@@ -118,6 +155,7 @@ pub async fn serve(
         .map(|u| parse_url(u))
         .collect::<Result<_, _>>()
         .map_err(anyhow::Error::msg)?;
+    let tls = client_tls(&cfg)?;
     let max_request = cfg.engine.max_request_bytes;
     let fd_limit = fdlimit::raise_nofile();
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
@@ -167,18 +205,20 @@ pub async fn serve(
         .layer(tower::util::MapResponseLayer::new(range_budget::hold_until_sent));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut listeners = Vec::new();
-    for addr in addrs {
+    for (addr, url) in addrs.into_iter().zip(&cfg.listen_client_urls) {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
-        listeners.push((addr, listener));
+        let tls = if cairn_transport::url::is_tls(url) { tls.clone() } else { None };
+        listeners.push((addr, listener, tls));
     }
     // Once everything but the clients is open: the engine, the peer transport, the listeners.
     let conns = fdlimit::ConnLimit::for_clients(cfg.max_client_conns, fd_limit)
         .map_err(anyhow::Error::msg)?;
     let mut servers = Vec::new();
-    for (addr, listener) in listeners {
-        eprintln!("cairn: serving the etcd v3 API on http://{addr}");
+    for (addr, listener, tls) in listeners {
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        eprintln!("cairn: serving the etcd v3 API on {scheme}://{addr}");
         let max_streams = cfg.max_concurrent_streams;
         servers.push(tokio::spawn(listen::serve(
             listener,
@@ -186,6 +226,7 @@ pub async fn serve(
             stop_rx.clone(),
             max_streams,
             conns.clone(),
+            tls,
         )));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use cairn::{EngineConfig, ServeConfig};
 use cairn_node::cluster::{ClusterConfig, ClusterState};
+use cairn_transport::TlsFiles;
 use clap::{Args, Parser, Subcommand};
 
 mod wal_cmd;
@@ -27,7 +28,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a cairn member (the default when no command is given).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Benchmark any etcd v3 endpoint (cairn or etcd), or an embedded engine.
     Bench(cairn_bench::BenchArgs),
     /// Work on a stopped member's write-ahead log.
@@ -126,6 +127,66 @@ struct ServeArgs {
     #[arg(long, default_value = "info",
         value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
     log_level: String,
+    #[command(flatten)]
+    tls: TlsArgs,
+}
+
+/// etcd's certificate flags. A bool takes etcd's forms: `--client-cert-auth` alone, or
+/// `--client-cert-auth=true|false`.
+#[derive(Args, Clone)]
+struct TlsArgs {
+    /// Certificate (PEM) served on https:// client URLs.
+    #[arg(long)]
+    cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --cert-file.
+    #[arg(long)]
+    key_file: Option<PathBuf>,
+    /// CAs (PEM) that sign client certificates; as in etcd, clients of https:// URLs then
+    /// need one.
+    #[arg(long)]
+    trusted_ca_file: Option<PathBuf>,
+    /// Require a client certificate signed by --trusted-ca-file on https:// client URLs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
+        default_value_t = false)]
+    client_cert_auth: bool,
+    /// Certificate (PEM) served on https:// peer URLs and presented to the peers dialed.
+    #[arg(long)]
+    peer_cert_file: Option<PathBuf>,
+    /// Private key (PEM) of --peer-cert-file.
+    #[arg(long)]
+    peer_key_file: Option<PathBuf>,
+    /// CAs (PEM) that sign the peers' certificates (without it, the system's roots).
+    #[arg(long)]
+    peer_trusted_ca_file: Option<PathBuf>,
+    /// Require a peer certificate signed by --peer-trusted-ca-file on https:// peer URLs.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
+        default_value_t = false)]
+    peer_client_cert_auth: bool,
+}
+
+/// One side's certificate flags (`prefix` is "" or "peer-"), when its certificate and key are
+/// given; etcd refuses one without the other.
+fn tls_files(
+    prefix: &str,
+    cert: &Option<PathBuf>,
+    key: &Option<PathBuf>,
+    ca: &Option<PathBuf>,
+    auth: bool,
+) -> Result<Option<TlsFiles>> {
+    match (cert, key) {
+        (Some(cert_file), Some(key_file)) => Ok(Some(TlsFiles {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+            trusted_ca_file: ca.clone(),
+            client_cert_auth: auth,
+        })),
+        (None, None) => Ok(None),
+        _ => anyhow::bail!(
+            "--{prefix}cert-file and --{prefix}key-file must both be given (KeyFile and CertFile must both be present[key: {}, cert: {}])",
+            key.as_deref().unwrap_or(std::path::Path::new("")).display(),
+            cert.as_deref().unwrap_or(std::path::Path::new("")).display()
+        ),
+    }
 }
 
 fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
@@ -133,6 +194,16 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         anyhow::bail!("--election-timeout must be at least twice --heartbeat-interval");
     }
     let listen = listen_client_urls(&a)?;
+    let t = &a.tls;
+    let client_tls =
+        tls_files("", &t.cert_file, &t.key_file, &t.trusted_ca_file, t.client_cert_auth)?;
+    let peer_tls = tls_files(
+        "peer-",
+        &t.peer_cert_file,
+        &t.peer_key_file,
+        &t.peer_trusted_ca_file,
+        t.peer_client_cert_auth,
+    )?;
     let mut engine = EngineConfig::new(&a.name, &a.data_dir);
     engine.tick_interval = std::time::Duration::from_millis(a.heartbeat_interval);
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
@@ -151,7 +222,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
             "existing" => ClusterState::Existing,
             _ => ClusterState::New,
         };
-        let cluster = ClusterConfig::from_flags(
+        let mut cluster = ClusterConfig::from_flags(
             &a.name,
             initial,
             &a.initial_cluster_token,
@@ -159,6 +230,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
             &a.listen_peer_urls,
             state,
         )?;
+        cluster.peer_tls = peer_tls;
         engine.cluster = Some(cluster);
     }
     #[cfg(feature = "planted-bugs")]
@@ -179,6 +251,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         max_concurrent_streams: a.max_concurrent_streams,
         max_client_conns: a.max_client_conns,
         max_range_bytes_in_flight: a.max_range_bytes_in_flight,
+        client_tls,
     })
 }
 
@@ -191,7 +264,9 @@ fn listen_client_urls(a: &ServeArgs) -> Result<Vec<String>> {
         cli::listen_addrs("listen-peer-urls", &a.listen_peer_urls)?;
         cli::check_urls("initial-advertise-peer-urls", &a.initial_advertise_peer_urls)?;
     }
-    Ok(addrs.iter().map(|addr| format!("http://{addr}")).collect())
+    let scheme = |u: &str| if cairn_transport::url::is_tls(u) { "https" } else { "http" };
+    let urls = addrs.iter().zip(&a.listen_client_urls);
+    Ok(urls.map(|(addr, u)| format!("{}://{addr}", scheme(u))).collect())
 }
 
 /// Binds every listener once before the engine opens: a port in use then stops the start
@@ -262,7 +337,7 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
 fn main() -> Result<()> {
     let cli: Cli = cli::parse();
     let args = match cli.command {
-        Some(Cmd::Serve(a)) => a,
+        Some(Cmd::Serve(a)) => *a,
         Some(Cmd::Bench(b)) => return bench(b),
         Some(Cmd::Wal(w)) => return wal_cmd::run(w),
         None => cli.serve,

@@ -1,6 +1,9 @@
 //! The `cairn` binary's first minutes: how it reads etcd's flags and URLs, what a failed start
 //! leaves behind (nothing new), and what it logs when it starts. Each test runs the binary.
 
+#[path = "../../transport/tests/pki/mod.rs"]
+mod pki;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::Path;
@@ -87,7 +90,7 @@ fn host_names_are_refused_for_listening_as_etcd_refuses_them() {
 
 #[test]
 fn etcd_flags_cairn_lacks_are_named_as_such() {
-    for args in [&["--auto-compaction-retention", "1"][..], &["--cert-file=/x.pem"]] {
+    for args in [&["--auto-compaction-retention", "1"][..], &["--cipher-suites=x"]] {
         let out = cairn(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let flag = args[0].split('=').next().expect("flag");
@@ -103,6 +106,67 @@ fn etcd_flags_cairn_lacks_are_named_as_such() {
     let bench = cairn(&["bench", "--auto-compaction-retention", "1"]);
     assert_eq!(bench.status.code(), Some(2));
     assert!(!stderr(&bench).contains("etcd flag"), "{}", stderr(&bench));
+}
+
+#[test]
+fn unusable_tls_flags_are_refused_in_etcds_words_before_anything_is_written() {
+    let certs = pki::dir("cli");
+    let ca = pki::Ca::new(&certs, "ca");
+    let (cert, key) = ca.issue("server", "server");
+    let (_, other_key) = ca.issue("other", "other");
+    let missing = certs.join("missing.pem");
+    let [cert, key, other_key, missing] =
+        [cert, key, other_key, missing].map(|p| p.to_str().expect("utf-8").to_string());
+    let (port, held) = free_port();
+    drop(held);
+    let https = format!("https://127.0.0.1:{port}");
+    let peer = format!("https://127.0.0.1:{}", port + 1);
+    let cluster = format!("a={peer}");
+    let client = ["--listen-client-urls", https.as_str()];
+    let peers = [
+        "--name",
+        "a",
+        "--initial-cluster",
+        &cluster,
+        "--initial-advertise-peer-urls",
+        &peer,
+        "--listen-peer-urls",
+        &peer,
+        "--cert-file",
+        &cert,
+        "--key-file",
+        &key,
+    ];
+    let no_cert = format!(
+        "TLS key/cert (--cert-file, --key-file) must be provided for client url {https} with HTTPS scheme"
+    );
+    let peer_files = ["--peer-cert-file", &cert, "--peer-key-file", &other_key];
+    let cases: [(Vec<&str>, &str); 6] = [
+        (client.to_vec(), &no_cert),
+        (
+            [&client[..], &["--cert-file", &cert]].concat(),
+            "--cert-file and --key-file must both be given",
+        ),
+        (
+            [&client[..], &["--cert-file", &cert, "--key-file", &other_key]].concat(),
+            "tls: private key does not match public key",
+        ),
+        ([&client[..], &["--cert-file", &missing, "--key-file", &key]].concat(), "open "),
+        ([&client[..], &peers[..]].concat(), "cannot listen on TLS for https://127.0.0.1"),
+        // The peer flags reach the peer listeners: their key is checked too.
+        (
+            [&client[..], &peers[..], &peer_files[..]].concat(),
+            "peer TLS: tls: private key does not match public key",
+        ),
+    ];
+    for (i, (args, want)) in cases.iter().enumerate() {
+        let data = tmp(&format!("tls-{i}"));
+        let out = cairn(&[&["--data-dir", data.to_str().expect("utf-8")][..], args].concat());
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert!(!data.exists(), "{args:?} left {}", data.display());
+    }
+    let _ = std::fs::remove_dir_all(certs);
 }
 
 #[test]

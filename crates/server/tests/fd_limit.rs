@@ -35,6 +35,7 @@ fn fd_child_server() {
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
         max_range_bytes_in_flight: 0,
+        client_tls: None,
     };
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");

@@ -183,10 +183,10 @@ impl Kind {
         let (lb, addr_b) = listener();
         match self {
             Kind::Framed => {
-                let start = |local, l, peer, addr, sink| {
+                let start = |local, l: TcpListener, peer, addr: SocketAddr, sink| {
                     let mut cfg = TransportConfig::new(1, local);
-                    cfg.listeners.push(l);
-                    cfg.peers = BTreeMap::from([(peer, vec![addr])]);
+                    cfg.listeners.push(l.into());
+                    cfg.peers = BTreeMap::from([(peer, vec![addr.into()])]);
                     cfg.queue_len = QUEUE_LEN;
                     Arc::new(Framed(Transport::start(cfg, sink).expect("transport starts")))
                 };

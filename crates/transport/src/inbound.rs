@@ -7,15 +7,16 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use cairn_raft::{MessageBody, NodeId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
 use crate::codec::{self, DecodeError, Hello, StreamKind};
 use crate::outbound::hex;
-use crate::Sink;
+use crate::{ServerTls, Sink};
 
-/// A caller that has not introduced itself by then is dropped (it holds a socket).
+/// A caller that has not introduced itself by then is dropped (it holds a socket); the TLS
+/// handshake, when there is one, has as long again.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone)]
@@ -43,6 +44,8 @@ enum InboundError {
     },
     /// A snapshot connection carried something else.
     NotASnapshot,
+    /// The TLS handshake failed: no certificate, or one our CA did not sign.
+    Tls(std::io::Error),
 }
 
 impl fmt::Display for InboundError {
@@ -59,6 +62,7 @@ impl fmt::Display for InboundError {
                 hex(*to)
             ),
             InboundError::NotASnapshot => f.write_str("a snapshot connection carried no snapshot"),
+            InboundError::Tls(e) => write!(f, "TLS handshake: {e}"),
         }
     }
 }
@@ -76,12 +80,13 @@ impl From<DecodeError> for InboundError {
 }
 
 impl Acceptor {
-    pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener) {
+    pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener, tls: Option<Arc<ServerTls>>) {
         loop {
             match listener.accept().await {
                 Ok((conn, addr)) => {
                     let me = self.clone();
-                    tokio::spawn(async move { me.serve_conn(conn, addr).await });
+                    let tls = tls.clone();
+                    tokio::spawn(async move { me.serve_conn(conn, addr, tls).await });
                 }
                 Err(e) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
@@ -92,15 +97,33 @@ impl Acceptor {
         }
     }
 
-    async fn serve_conn(&self, conn: TcpStream, addr: SocketAddr) {
-        match self.conn(conn).await {
+    async fn serve_conn(&self, conn: TcpStream, addr: SocketAddr, tls: Option<Arc<ServerTls>>) {
+        let served = match tls {
+            None => match conn.set_nodelay(true) {
+                Ok(()) => self.conn(conn).await,
+                Err(e) => Err(e.into()),
+            },
+            Some(tls) => self.tls_conn(conn, &tls).await,
+        };
+        match served {
             Ok(()) | Err(InboundError::Io(_)) => {}
             Err(e) => tracing::warn!(%addr, "closed a peer connection: {e}"),
         }
     }
 
-    async fn conn(&self, mut conn: TcpStream) -> Result<(), InboundError> {
+    async fn tls_conn(&self, conn: TcpStream, tls: &ServerTls) -> Result<(), InboundError> {
         conn.set_nodelay(true)?;
+        let conn = timeout(HELLO_TIMEOUT, tls.acceptor().accept(conn))
+            .await
+            .map_err(|_| InboundError::Timeout)?
+            .map_err(InboundError::Tls)?;
+        self.conn(conn).await
+    }
+
+    async fn conn<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut conn: S,
+    ) -> Result<(), InboundError> {
         let mut raw = [0u8; codec::HELLO_LEN];
         timeout(HELLO_TIMEOUT, conn.read_exact(&mut raw))
             .await
@@ -146,7 +169,11 @@ impl Acceptor {
     }
 
     /// Reads frames until the caller hangs up, handing their messages over in order.
-    async fn messages(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
+    async fn messages<S: AsyncRead + Unpin>(
+        &self,
+        mut conn: S,
+        from: NodeId,
+    ) -> Result<(), InboundError> {
         loop {
             let Some(payload) = read_frame(&mut conn, self.max_frame_bytes).await? else {
                 return Ok(());
@@ -161,7 +188,11 @@ impl Acceptor {
     }
 
     /// Reads one snapshot, hands it over, and says so.
-    async fn snapshot(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
+    async fn snapshot<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut conn: S,
+        from: NodeId,
+    ) -> Result<(), InboundError> {
         let Some(msgs) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
             return Ok(());
         };
@@ -183,7 +214,10 @@ type Batch = Result<Vec<cairn_raft::Message>, DecodeError>;
 
 /// Reads one frame and decodes it; `None` when the caller hung up between frames. Memory grows
 /// with the bytes that actually arrive, never with what a header claims.
-async fn read_frame(conn: &mut TcpStream, max: u32) -> Result<Option<Batch>, InboundError> {
+async fn read_frame<S: AsyncRead + Unpin>(
+    conn: &mut S,
+    max: u32,
+) -> Result<Option<Batch>, InboundError> {
     let mut header = [0u8; codec::FRAME_HEADER_LEN];
     match conn.read_exact(&mut header).await {
         Ok(_) => {}
@@ -199,8 +233,13 @@ async fn read_frame(conn: &mut TcpStream, max: u32) -> Result<Option<Batch>, Inb
     Ok(Some(codec::decode_batch(Bytes::from(payload), crc)))
 }
 
-async fn reply(conn: &mut TcpStream, result: Result<(), &str>) -> std::io::Result<()> {
+async fn reply<S: AsyncWrite + Unpin>(
+    conn: &mut S,
+    result: Result<(), &str>,
+) -> std::io::Result<()> {
     let mut buf = Vec::new();
     codec::encode_reply(result, &mut buf);
-    conn.write_all(&buf).await
+    conn.write_all(&buf).await?;
+    // rustls may hold the record until flushed; a no-op on a bare socket.
+    conn.flush().await
 }

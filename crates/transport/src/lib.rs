@@ -17,12 +17,18 @@
 //! receiver; a member refuses a peer of another cluster, one that has it confused with another
 //! member, or one it does not know, and both ends log why.
 //!
+//! A listener or peer address may carry TLS ([`tls`]): the same frames then go through rustls,
+//! and with `--peer-client-cert-auth` a caller without a certificate signed by the trusted CA
+//! never gets as far as its hello. Plain connections are served by the same code
+//! instantiated for a bare socket, so they pay nothing for it.
+//!
 //! The transport runs on a small tokio runtime of its own, so it serves the same whether the
 //! engine is embedded in a program with or without a runtime.
 
 pub mod codec;
 mod inbound;
 mod outbound;
+pub mod tls;
 pub mod url;
 
 use std::collections::BTreeMap;
@@ -30,7 +36,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 
 use cairn_raft::{Message, MessageBody, NodeId};
+pub use rustls_pki_types::ServerName;
 use tokio::runtime::Runtime;
+
+pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles};
 
 /// Where the transport hands what arrives and what happened. Called from the transport's
 /// threads; implementations queue and return (they must not block).
@@ -43,15 +52,46 @@ pub trait Sink: Send + Sync + 'static {
     fn unreachable(&self, to: NodeId);
 }
 
+/// A socket to accept peers on, with the TLS its URL asks for (`https://`).
+#[derive(Debug)]
+pub struct Listener {
+    /// Already bound (so a test can bind port 0 and learn it).
+    pub socket: std::net::TcpListener,
+    /// `--peer-cert-file` and the rest, for an `https://` URL.
+    pub tls: Option<Arc<ServerTls>>,
+}
+
+impl From<std::net::TcpListener> for Listener {
+    fn from(socket: std::net::TcpListener) -> Listener {
+        Listener { socket, tls: None }
+    }
+}
+
+/// One address a peer's URLs resolve to, with the TLS an `https://` URL asks for.
+#[derive(Clone, Debug)]
+pub struct PeerAddr {
+    /// Where to connect.
+    pub addr: SocketAddr,
+    /// The name the peer's certificate must hold (the URL's host) and the configuration to
+    /// verify it with.
+    pub tls: Option<(ServerName<'static>, Arc<ClientTls>)>,
+}
+
+impl From<SocketAddr> for PeerAddr {
+    fn from(addr: SocketAddr) -> PeerAddr {
+        PeerAddr { addr, tls: None }
+    }
+}
+
 /// How to run the transport.
 #[derive(Debug)]
 pub struct TransportConfig {
     pub cluster_id: u64,
     pub local: NodeId,
-    /// Sockets to accept peers on, already bound (so a test can bind port 0 and learn it).
-    pub listeners: Vec<std::net::TcpListener>,
+    /// Sockets to accept peers on.
+    pub listeners: Vec<Listener>,
     /// Every other member and the addresses its peer URLs resolve to.
-    pub peers: BTreeMap<NodeId, Vec<SocketAddr>>,
+    pub peers: BTreeMap<NodeId, Vec<PeerAddr>>,
     /// Messages that may wait for one peer before more are dropped.
     pub queue_len: usize,
     /// Largest frame of Raft messages accepted from a peer.
@@ -106,10 +146,11 @@ impl Transport {
             sink: sink.clone(),
         };
         let _guard = runtime.enter();
+        let accept = Arc::new(accept);
         for l in cfg.listeners {
-            l.set_nonblocking(true)?;
-            let l = tokio::net::TcpListener::from_std(l)?;
-            runtime.spawn(Arc::new(accept.clone()).serve(l));
+            l.socket.set_nonblocking(true)?;
+            let socket = tokio::net::TcpListener::from_std(l.socket)?;
+            runtime.spawn(accept.clone().serve(socket, l.tls));
         }
         let link = outbound::Link { cluster_id: cfg.cluster_id, local: cfg.local, sink };
         let mut peers = BTreeMap::new();

@@ -3,21 +3,20 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::BytesMut;
 use cairn_raft::{Message, MessageBody, NodeId};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 use crate::codec::{self, DecodeError, Hello, StreamKind};
-use crate::Sink;
+use crate::{PeerAddr, Sink};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a peer has to answer our hello, or to take a snapshot once it has all of it.
@@ -68,12 +67,15 @@ pub(crate) enum DialError {
     /// The peer answered our hello with a refusal.
     Refused(String),
     Protocol(DecodeError),
+    /// The TLS handshake failed (an untrusted certificate, a name it does not hold).
+    Tls(std::io::Error),
 }
 
 impl fmt::Display for DialError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             DialError::Io(e) => write!(f, "{e}"),
+            DialError::Tls(e) => write!(f, "TLS handshake: {e}"),
             DialError::Timeout => f.write_str("timed out"),
             DialError::Refused(why) => write!(f, "refused by the peer: {why}"),
             DialError::Protocol(e) => write!(f, "peer broke the protocol: {e}"),
@@ -108,7 +110,7 @@ impl Peer {
         rt: &Runtime,
         link: &Link,
         id: NodeId,
-        addrs: Vec<SocketAddr>,
+        addrs: Vec<PeerAddr>,
         queue_len: usize,
     ) -> Peer {
         let (tx, rx) = mpsc::channel(queue_len.max(1));
@@ -134,7 +136,7 @@ fn report_unreachable(reported: &AtomicBool, sink: &dyn Sink, id: NodeId) {
 struct Writer {
     link: Link,
     to: NodeId,
-    addrs: Vec<SocketAddr>,
+    addrs: Vec<PeerAddr>,
     rx: mpsc::Receiver<Message>,
     reported: Arc<AtomicBool>,
 }
@@ -153,7 +155,11 @@ impl Writer {
                     }
                     down = false;
                     backoff = MIN_BACKOFF;
-                    if let Err(e) = self.pump(conn).await {
+                    let pumped = match conn {
+                        Conn::Plain(c) => self.pump(c).await,
+                        Conn::Tls(c) => self.pump(*c).await,
+                    };
+                    if let Err(e) = pumped {
                         tracing::warn!(peer = %hex(self.to), "lost connection to peer: {e}");
                     }
                 }
@@ -182,7 +188,7 @@ impl Writer {
     }
 
     /// Writes everything queued, one frame per write, until the queue closes or a write fails.
-    async fn pump(&mut self, mut conn: TcpStream) -> std::io::Result<()> {
+    async fn pump<S: AsyncWrite + Unpin>(&mut self, mut conn: S) -> std::io::Result<()> {
         let mut buf = Vec::with_capacity(64 << 10);
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
@@ -198,6 +204,8 @@ impl Writer {
             encode_frames(&batch, &mut buf);
             batch.clear();
             conn.write_all(&buf).await?;
+            // rustls may hold the last record until flushed; a no-op on a bare socket.
+            conn.flush().await?;
             self.reported.store(false, Ordering::Relaxed);
             if buf.capacity() > 4 << 20 {
                 // A burst of large appends should not pin its buffer for the connection's life.
@@ -207,16 +215,23 @@ impl Writer {
     }
 }
 
+/// A connection to a peer: a bare socket, or TLS over one for an `https://` URL. Each kind is
+/// written by code of its own (see `Writer::pump`), so a plain connection pays nothing for TLS.
+pub(crate) enum Conn {
+    Plain(TcpStream),
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
+}
+
 /// Connects to the first address of `to` that answers and introduces this member.
 pub(crate) async fn dial(
     link: &Link,
     to: NodeId,
-    addrs: &[SocketAddr],
+    addrs: &[PeerAddr],
     kind: StreamKind,
-) -> Result<TcpStream, DialError> {
+) -> Result<Conn, DialError> {
     let mut last = DialError::Timeout;
-    for addr in addrs {
-        let mut conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+    for peer in addrs {
+        let conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(peer.addr)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {
                 last = DialError::Io(e);
@@ -228,19 +243,45 @@ pub(crate) async fn dial(
             }
         };
         conn.set_nodelay(true)?;
-        let mut hello = Vec::with_capacity(codec::HELLO_LEN);
         let h = Hello { cluster_id: link.cluster_id, from: link.local, to, kind };
-        codec::encode_hello(&h, &mut hello);
-        conn.write_all(&hello).await?;
-        read_reply(&mut conn, REPLY_TIMEOUT).await?.map_err(DialError::Refused)?;
-        return Ok(conn);
+        let Some((name, tls)) = &peer.tls else {
+            let mut conn = conn;
+            introduce(&mut conn, &h).await?;
+            return Ok(Conn::Plain(conn));
+        };
+        let handshake = tls.connector().connect(name.clone(), conn);
+        let mut conn = match timeout(REPLY_TIMEOUT, handshake).await {
+            Ok(Ok(c)) => c,
+            Ok(Err(e)) => {
+                last = DialError::Tls(e);
+                continue;
+            }
+            Err(_) => {
+                last = DialError::Timeout;
+                continue;
+            }
+        };
+        introduce(&mut conn, &h).await?;
+        return Ok(Conn::Tls(Box::new(conn)));
     }
     Err(last)
 }
 
+/// Sends our hello and waits for the peer to accept it.
+async fn introduce<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut S,
+    h: &Hello,
+) -> Result<(), DialError> {
+    let mut hello = Vec::with_capacity(codec::HELLO_LEN);
+    codec::encode_hello(h, &mut hello);
+    conn.write_all(&hello).await?;
+    conn.flush().await?;
+    read_reply(conn, REPLY_TIMEOUT).await?.map_err(DialError::Refused)
+}
+
 /// Reads one reply frame: the peer's acceptance or its reason for refusing.
-pub(crate) async fn read_reply(
-    conn: &mut TcpStream,
+pub(crate) async fn read_reply<S: AsyncRead + Unpin>(
+    conn: &mut S,
     limit: Duration,
 ) -> Result<Result<(), String>, DialError> {
     let read = async {
@@ -258,11 +299,11 @@ pub(crate) async fn read_reply(
 /// Sends snapshots, each on a connection of its own, and reports how each ended.
 pub(crate) struct Snapshots {
     link: Link,
-    addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
+    addrs: BTreeMap<NodeId, Vec<PeerAddr>>,
 }
 
 impl Snapshots {
-    pub(crate) fn new(link: Link, addrs: BTreeMap<NodeId, Vec<SocketAddr>>) -> Snapshots {
+    pub(crate) fn new(link: Link, addrs: BTreeMap<NodeId, Vec<PeerAddr>>) -> Snapshots {
         Snapshots { link, addrs }
     }
 
@@ -292,12 +333,23 @@ impl Snapshots {
     }
 }
 
-async fn send_snapshot(link: &Link, addrs: &[SocketAddr], msg: Message) -> Result<(), DialError> {
-    let mut conn = dial(link, msg.to, addrs, StreamKind::Snapshot).await?;
+async fn send_snapshot(link: &Link, addrs: &[PeerAddr], msg: Message) -> Result<(), DialError> {
     let mut buf = Vec::new();
+    let to = msg.to;
     codec::encode_batch(std::slice::from_ref(&msg), &mut buf);
     drop(msg);
+    match dial(link, to, addrs, StreamKind::Snapshot).await? {
+        Conn::Plain(c) => deliver_snapshot(c, buf).await,
+        Conn::Tls(c) => deliver_snapshot(*c, buf).await,
+    }
+}
+
+async fn deliver_snapshot<S: AsyncRead + AsyncWrite + Unpin>(
+    mut conn: S,
+    buf: Vec<u8>,
+) -> Result<(), DialError> {
     conn.write_all(&buf).await?;
+    conn.flush().await?;
     drop(buf);
     read_reply(&mut conn, SNAPSHOT_REPLY_TIMEOUT).await?.map_err(DialError::Refused)
 }

@@ -1,5 +1,5 @@
-//! URLs as etcd's flags give them (`http://host:port`): the addresses to listen on, and the
-//! peer addresses to dial, resolved as etcd resolves them.
+//! URLs as etcd's flags give them (`http://host:port`, or `https://host:port` for TLS): the
+//! addresses to listen on, and the peer addresses to dial, resolved as etcd resolves them.
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
@@ -7,8 +7,8 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr, ToSocketAddrs};
 /// Why a URL cannot be used.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum UrlError {
-    /// `https://` needs TLS, which cairn does not have yet.
-    Tls(String),
+    /// `unixs://` (and `unix://`): cairn listens on TCP only.
+    Unix(String),
     /// `host:port` without `http://` in front (etcd's flags take URLs, not addresses).
     NoScheme(String),
     /// Not `http://host:port`.
@@ -23,13 +23,15 @@ pub enum UrlError {
 impl fmt::Display for UrlError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            UrlError::Tls(u) => {
-                write!(f, "URL {u:?} asks for TLS, which cairn does not support yet; use http://")
+            UrlError::Unix(u) => {
+                write!(f, "URL {u:?} is a unix socket, which cairn does not serve; use http:// or https://")
             }
             UrlError::NoScheme(u) => {
                 write!(f, "URL {u:?} has no scheme: write http://{u}")
             }
-            UrlError::Malformed(u) => write!(f, "URL {u:?} is not of the form http://host:port"),
+            UrlError::Malformed(u) => {
+                write!(f, "URL {u:?} is not of the form http://host:port or https://host:port")
+            }
             UrlError::Unresolved(u) => write!(f, "URL {u:?} does not resolve to an address"),
             // etcd's wording (embed.checkBindURLs).
             UrlError::NotIp(u) => write!(
@@ -42,15 +44,31 @@ impl fmt::Display for UrlError {
 
 impl std::error::Error for UrlError {}
 
-/// The `host:port` of an `http://host:port` URL (a trailing `/` is allowed, as etcd allows).
+/// Whether the URL asks for TLS (`https://`).
+pub fn is_tls(url: &str) -> bool {
+    url.starts_with("https://")
+}
+
+/// The host of a URL that [`host_port`] takes, without the brackets of an IPv6 address.
+pub fn host(url: &str) -> Result<&str, UrlError> {
+    let hp = host_port(url)?;
+    let (host, _) = hp.rsplit_once(':').ok_or_else(|| UrlError::Malformed(url.to_string()))?;
+    Ok(host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host))
+}
+
+/// The `host:port` of an `http://host:port` or `https://host:port` URL (a trailing `/` is
+/// allowed, as etcd allows).
 pub fn host_port(url: &str) -> Result<&str, UrlError> {
-    if url.starts_with("https://") || url.starts_with("unixs://") {
-        return Err(UrlError::Tls(url.to_string()));
+    if url.starts_with("unix://") || url.starts_with("unixs://") {
+        return Err(UrlError::Unix(url.to_string()));
     }
     if !url.contains("://") {
         return Err(UrlError::NoScheme(url.to_string()));
     }
-    let rest = url.strip_prefix("http://").ok_or_else(|| UrlError::Malformed(url.to_string()))?;
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| UrlError::Malformed(url.to_string()))?;
     let rest = rest.strip_suffix('/').unwrap_or(rest);
     let ok = rest.rsplit_once(':').is_some_and(|(host, port)| {
         !host.is_empty() && !rest.contains('/') && port.parse::<u16>().is_ok()
@@ -98,7 +116,11 @@ mod tests {
         assert_eq!(host_port("http://127.0.0.1:2380"), Ok("127.0.0.1:2380"));
         assert_eq!(host_port("http://localhost:2380/"), Ok("localhost:2380"));
         assert_eq!(host_port("http://[::1]:2380"), Ok("[::1]:2380"));
-        assert!(matches!(host_port("https://a:1"), Err(UrlError::Tls(_))));
+        assert_eq!(host_port("https://a:1"), Ok("a:1"));
+        assert!(is_tls("https://a:1") && !is_tls("http://a:1"));
+        assert_eq!(host("https://[::1]:2380"), Ok("::1"));
+        assert_eq!(host("https://node-1.example:2380/"), Ok("node-1.example"));
+        assert!(matches!(host_port("unixs://a:1"), Err(UrlError::Unix(_))));
         for bad in ["127.0.0.1:2380", "localhost:2380"] {
             assert!(matches!(host_port(bad), Err(UrlError::NoScheme(_))), "{bad}");
         }
@@ -124,7 +146,7 @@ mod tests {
             named.to_string().split(':').next(),
             Some("expected IP in URL for binding (http")
         );
-        assert!(matches!(listen_addr("https://127.0.0.1:2379"), Err(UrlError::Tls(_))));
+        assert_eq!(ok("https://127.0.0.1:2379"), "127.0.0.1:2379".parse().expect("addr"));
         assert!(matches!(listen_addr("http://127.0.0.1:99999"), Err(UrlError::Malformed(_))));
     }
 }

@@ -58,8 +58,8 @@ fn start(
     addr: SocketAddr,
 ) -> (Transport, Receiver<Event>) {
     let mut cfg = TransportConfig::new(cluster, local);
-    cfg.listeners.push(l);
-    cfg.peers = BTreeMap::from([(peer, vec![addr])]);
+    cfg.listeners.push(l.into());
+    cfg.peers = BTreeMap::from([(peer, vec![addr.into()])]);
     let (tx, rx) = channel();
     let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).unwrap();
     (t, rx)

@@ -38,6 +38,7 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
         max_range_bytes_in_flight: 0,
+        client_tls: None,
     };
     tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,0 +1,248 @@
+//! Peer TLS over loopback sockets: members of one CA talk, a member of another CA or a plain
+//! caller is refused while the rest go on, certificate files that cannot be used are refused
+//! with etcd's words, and a replaced certificate is served without a restart.
+
+mod pki;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
+use cairn_transport::tls::common_name;
+use cairn_transport::{
+    ClientTls, Listener, PeerAddr, ServerTls, Sink, TlsError, TlsFiles, Transport, TransportConfig,
+};
+use pki::Ca;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, ServerName};
+
+#[derive(Debug, PartialEq)]
+enum Event {
+    Message(Message),
+    SnapshotSent(NodeId, bool),
+    Unreachable(NodeId),
+}
+
+struct Collect(Mutex<Sender<Event>>);
+
+impl Sink for Collect {
+    fn message(&self, msg: Message) {
+        let _ = self.0.lock().expect("sink lock").send(Event::Message(msg));
+    }
+    fn snapshot_sent(&self, to: NodeId, delivered: bool) {
+        let _ = self.0.lock().expect("sink lock").send(Event::SnapshotSent(to, delivered));
+    }
+    fn unreachable(&self, to: NodeId) {
+        let _ = self.0.lock().expect("sink lock").send(Event::Unreachable(to));
+    }
+}
+
+const A: NodeId = NodeId(0xa);
+const B: NodeId = NodeId(0xb);
+
+fn heartbeat(from: NodeId, to: NodeId, seq: u64) -> Message {
+    let body = MessageBody::Heartbeat { commit: LogIndex(seq), seq: HeartbeatSeq(seq) };
+    Message { from, to, term: Term(1), body }
+}
+
+fn listener() -> (TcpListener, SocketAddr) {
+    let l = TcpListener::bind("127.0.0.1:0").expect("a free port");
+    let a = l.local_addr().expect("a bound port");
+    (l, a)
+}
+
+/// A member `local` serving TLS with `files` on `l`, dialing `peer` at `addr` over TLS.
+fn member(
+    local: NodeId,
+    l: TcpListener,
+    peer: NodeId,
+    addr: SocketAddr,
+    files: &TlsFiles,
+) -> (Transport, Receiver<Event>) {
+    let mut cfg = TransportConfig::new(7, local);
+    let server = ServerTls::new(files.clone(), &[]).expect("server TLS");
+    cfg.listeners.push(Listener { socket: l, tls: Some(Arc::new(server)) });
+    let client = Arc::new(ClientTls::new(files.clone()).expect("client TLS"));
+    let name = ServerName::try_from("localhost").expect("a name").to_owned();
+    cfg.peers = BTreeMap::from([(peer, vec![PeerAddr { addr, tls: Some((name, client)) }])]);
+    let (tx, rx) = channel();
+    let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).expect("transport starts");
+    (t, rx)
+}
+
+fn next(rx: &Receiver<Event>) -> Event {
+    rx.recv_timeout(Duration::from_secs(5)).expect("an event within 5 s")
+}
+
+fn next_message(rx: &Receiver<Event>) -> Message {
+    loop {
+        match next(rx) {
+            Event::Message(m) => return m,
+            Event::Unreachable(_) => continue,
+            e => panic!("expected a message, got {e:?}"),
+        }
+    }
+}
+
+/// No message arrives within `wait`.
+fn no_message(rx: &Receiver<Event>, wait: Duration) {
+    let deadline = std::time::Instant::now() + wait;
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(Event::Message(m)) => panic!("a refused peer got {m:?} through"),
+            Ok(_) => {}
+            Err(_) => return,
+        }
+    }
+}
+
+#[test]
+fn members_of_one_ca_exchange_messages_and_snapshots_over_mutual_tls() {
+    let dir = pki::dir("peers-ok");
+    let ca = Ca::new(&dir, "peer");
+    let (fa, fb) = (ca.files("a", "a", true), ca.files("b", "b", true));
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = member(A, la, B, ab, &fa);
+    let (tb, rb) = member(B, lb, A, aa, &fb);
+    ta.send([heartbeat(A, B, 1)]);
+    tb.send([heartbeat(B, A, 2)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 1));
+    assert_eq!(next_message(&ra), heartbeat(B, A, 2));
+    let mut snapshot = Snapshot::default();
+    snapshot.meta.index = LogIndex(42);
+    snapshot.data = Bytes::from(vec![7u8; 1 << 20]);
+    let msg = Message { from: A, to: B, term: Term(2), body: MessageBody::Snapshot { snapshot } };
+    ta.send([msg.clone()]);
+    assert_eq!(next_message(&rb), msg);
+    loop {
+        match next(&ra) {
+            Event::SnapshotSent(to, ok) => break assert_eq!((to, ok), (B, true)),
+            Event::Unreachable(_) => {}
+            e => panic!("unexpected {e:?}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn a_member_of_another_ca_and_a_plain_caller_are_refused_while_members_get_through() {
+    let dir = pki::dir("peers-refused");
+    let (ca, other) = (Ca::new(&dir, "peer"), Ca::new(&dir, "other"));
+    let fa = ca.files("a", "a", true);
+    // B trusts A's CA, but its own certificate is the other CA's: A refuses it as a client
+    // certificate, and A, dialing B, refuses it as a server certificate.
+    let mut fb = other.files("b", "b", true);
+    fb.trusted_ca_file = Some(ca.ca_file());
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = member(A, la, B, ab, &fa);
+    let (tb, rb) = member(B, lb, A, aa, &fb);
+    tb.send([heartbeat(B, A, 1)]);
+    ta.send([heartbeat(A, B, 2)]);
+    no_message(&ra, Duration::from_millis(1500));
+    no_message(&rb, Duration::from_millis(100));
+    // A plain caller on A's TLS port is dropped without harm (what it sends is not a TLS
+    // record), and A still serves members of its CA.
+    let mut plain = std::net::TcpStream::connect(aa).expect("connect");
+    plain.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+    plain.write_all(b"CAIRN hello in the clear, not a TLS record").expect("write");
+    let mut rest = Vec::new();
+    let _ = plain.read_to_end(&mut rest);
+    assert!(!rest.starts_with(b"CAIRN"), "A answered in the clear");
+    drop((tb, rb));
+    let (lc, _) = listener();
+    let fc = ca.files("c", "c", true);
+    let (tc, _rc) = member(B, lc, A, aa, &fc);
+    tc.send([heartbeat(B, A, 3)]);
+    assert_eq!(next_message(&ra), heartbeat(B, A, 3));
+    drop(ta);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[test]
+fn unusable_certificate_files_are_refused_in_etcds_words() {
+    let dir = pki::dir("files");
+    let ca = Ca::new(&dir, "ca");
+    let good = ca.files("server", "server", false);
+    let missing = TlsFiles { cert_file: dir.join("nope.pem"), ..good.clone() };
+    let e = ServerTls::new(missing, &[]).expect_err("a missing file");
+    assert!(matches!(e, TlsError::Read { .. }), "{e:?}");
+    assert!(e.to_string().starts_with(&format!("open {}: ", dir.join("nope.pem").display())));
+    let (_, other_key) = ca.issue("other", "other");
+    let mismatched = TlsFiles { key_file: other_key, ..good.clone() };
+    let e = ServerTls::new(mismatched.clone(), &[]).expect_err("another certificate's key");
+    assert!(matches!(e, TlsError::KeyMismatch { .. }), "{e:?}");
+    assert!(e.to_string().starts_with("tls: private key does not match public key"), "{e}");
+    let e = ClientTls::new(mismatched).expect_err("the same for a dialing side");
+    assert!(matches!(e, TlsError::KeyMismatch { .. }), "{e:?}");
+    std::fs::write(dir.join("empty.pem"), "not PEM\n").expect("write");
+    let no_pem = TlsFiles { cert_file: dir.join("empty.pem"), ..good.clone() };
+    let e = ServerTls::new(no_pem, &[]).expect_err("no certificate in the file");
+    assert!(e.to_string().starts_with("tls: failed to find any PEM data in certificate input"));
+    let no_ca = TlsFiles { trusted_ca_file: Some(dir.join("empty.pem")), ..good.clone() };
+    assert!(matches!(ServerTls::new(no_ca, &[]), Err(TlsError::NoPem { .. })));
+    assert!(ServerTls::new(good.clone(), &[b"h2"]).is_ok());
+    let pem = std::fs::read(&good.cert_file).expect("read");
+    let der = CertificateDer::from_pem_slice(&pem).expect("a certificate");
+    assert_eq!(common_name(&der).as_deref(), Some("server"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// Handshakes with a server on `addr` as a client that trusts only `ca_file`.
+async fn handshake(addr: SocketAddr, client: &ClientTls) -> std::io::Result<()> {
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    let name = ServerName::try_from("localhost").expect("a name").to_owned();
+    let mut tls = client.connector().connect(name, tcp).await?;
+    // TLS 1.3 finishes the client's side before the server has looked at everything; a byte
+    // each way proves the server took the handshake.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tls.write_all(b"x").await?;
+    tls.flush().await?;
+    let mut b = [0u8; 1];
+    tls.read_exact(&mut b).await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 1)]
+async fn a_replaced_certificate_is_served_to_new_connections_and_a_broken_one_is_not() {
+    let dir = pki::dir("reload");
+    let (old_ca, new_ca) = (Ca::new(&dir, "old"), Ca::new(&dir, "new"));
+    let (cert_file, key_file) = old_ca.issue("server", "server");
+    let files = TlsFiles { cert_file, key_file, trusted_ca_file: None, client_cert_auth: false };
+    let server = Arc::new(ServerTls::new(files.clone(), &[]).expect("server TLS"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let srv = server.clone();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = srv.acceptor();
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else { return };
+                let mut b = [0u8; 1];
+                if tls.read_exact(&mut b).await.is_ok() {
+                    let _ = tls.write_all(&b).await;
+                    let _ = tls.flush().await;
+                }
+            });
+        }
+    });
+    let client = ClientTls::new(new_ca.files("client", "client", false)).expect("client TLS");
+    assert!(handshake(addr, &client).await.is_err(), "the old CA's certificate is not trusted");
+    // Replace the pair as an operator would: write both files, then wait for the next look.
+    let (new_cert, new_key) = new_ca.issue("server-new", "server");
+    std::fs::copy(&new_cert, &files.cert_file).expect("replace the certificate");
+    std::fs::copy(&new_key, &files.key_file).expect("replace the key");
+    tokio::time::sleep(cairn_transport::tls::RELOAD_CHECK + Duration::from_millis(200)).await;
+    handshake(addr, &client).await.expect("the new certificate is served");
+    // A broken pair (a key that is not the certificate's) keeps the working one.
+    let (_, stray_key) = old_ca.issue("stray", "stray");
+    std::fs::copy(&stray_key, &files.key_file).expect("break the key");
+    tokio::time::sleep(cairn_transport::tls::RELOAD_CHECK + Duration::from_millis(200)).await;
+    handshake(addr, &client).await.expect("the previous certificate is still served");
+    let _ = std::fs::remove_dir_all(dir);
+}
