@@ -45,6 +45,8 @@ mod request_fuzz;
 #[cfg(feature = "server")]
 mod services;
 #[cfg(feature = "server")]
+mod snapshot;
+#[cfg(feature = "server")]
 mod streams;
 #[cfg(feature = "server")]
 mod watch;

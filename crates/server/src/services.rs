@@ -188,7 +188,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         _: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(not_yet("Maintenance.Snapshot"))
+        Ok(Response::new(crate::snapshot::start(self.engine.clone(), self.header())))
     }
 
     async fn move_leader(
