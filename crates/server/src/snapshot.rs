@@ -6,13 +6,14 @@
 //! The file is encoded on a blocking thread as the client takes it: the queue to the client
 //! holds [`QUEUE`] pieces, so the server holds about `(QUEUE + 2) * CHUNK` bytes of it at once
 //! (plus the record being encoded and 16 bytes per revision in the store), whatever the store's
-//! size. A client that stops reading stalls only its own stream; one that goes away ends it.
+//! size. A client that stops reading stalls only its own stream; one that goes away ends it, and
+//! so does the server's stop (a stop waits for open streams, and would wait for that client).
 
 use std::sync::Arc;
 
 use cairn_node::Engine;
 use cairn_proto::etcdserverpb as pb;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::convert::Header;
@@ -27,20 +28,49 @@ const QUEUE: usize = 4;
 pub(crate) const STORAGE_VERSION: &str = "3.6.0";
 
 /// Starts streaming the snapshot of `engine`'s store as it is now.
-pub(crate) fn start(engine: Arc<Engine>, header: Header) -> BoxStream<pb::SnapshotResponse> {
+pub(crate) fn start(
+    engine: Arc<Engine>,
+    header: Header,
+    stopping: watch::Receiver<bool>,
+) -> BoxStream<pb::SnapshotResponse> {
     let (tx, rx) = mpsc::channel(QUEUE);
-    tokio::task::spawn_blocking(move || send(&engine, &header, &tx));
+    let queue = Queue { tx, stopping, rt: tokio::runtime::Handle::current() };
+    tokio::task::spawn_blocking(move || send(&engine, &header, &queue));
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx))
 }
 
-type Tx = mpsc::Sender<Result<pb::SnapshotResponse, Status>>;
+/// The way to the client, from the blocking thread.
+struct Queue {
+    tx: mpsc::Sender<Result<pb::SnapshotResponse, Status>>,
+    stopping: watch::Receiver<bool>,
+    rt: tokio::runtime::Handle,
+}
+
+impl Queue {
+    /// Queues `item` once there is room; false once the client is gone or the server stops.
+    fn push(&self, item: Result<pb::SnapshotResponse, Status>) -> bool {
+        let sent = self.rt.block_on(async {
+            tokio::select! {
+                sent = self.tx.send(item) => return sent.is_ok(),
+                () = crate::streams::stopped(self.stopping.clone()) => {}
+            }
+            false
+        });
+        if !sent {
+            // Best effort (the client may be gone, or the queue full): without the digest the
+            // client knows the file is incomplete anyway.
+            let _ = self.tx.try_send(Err(Status::unavailable("etcdserver: server stopped")));
+        }
+        sent
+    }
+}
 
 /// Encodes and queues the file, then its digest. Returns early once the client is gone.
-fn send(engine: &Engine, header: &Header, tx: &Tx) {
+fn send(engine: &Engine, header: &Header, queue: &Queue) {
     let mut stream = match engine.backup() {
         Ok(s) => s,
         Err(e) => {
-            let _ = tx.blocking_send(Err(status(e)));
+            queue.push(Err(status(e)));
             return;
         }
     };
@@ -54,7 +84,7 @@ fn send(engine: &Engine, header: &Header, tx: &Tx) {
             Ok(Some(blob)) => blob,
             Ok(None) => break,
             Err(e) => {
-                let _ = tx.blocking_send(Err(status(cairn_kv::KvError::from(e).into())));
+                queue.push(Err(status(cairn_kv::KvError::from(e).into())));
                 return;
             }
         };
@@ -67,7 +97,7 @@ fn send(engine: &Engine, header: &Header, tx: &Tx) {
             version: STORAGE_VERSION.into(),
         };
         first = false;
-        if tx.blocking_send(Ok(resp)).is_err() {
+        if !queue.push(Ok(resp)) {
             return;
         }
     }
@@ -78,5 +108,5 @@ fn send(engine: &Engine, header: &Header, tx: &Tx) {
         blob: digest.to_vec(),
         version: STORAGE_VERSION.into(),
     };
-    let _ = tx.blocking_send(Ok(last));
+    queue.push(Ok(last));
 }

@@ -271,3 +271,31 @@ async fn truncated_and_damaged_files_are_refused() {
     assert!(json["revision"].as_i64().expect("a revision") >= 51);
     let _ = std::fs::remove_dir_all(&work);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_server_ends_a_snapshot_its_client_stopped_reading() {
+    let mut s = common::server("backup-stop").await;
+    for i in 0..1000 {
+        let req = pb::PutRequest {
+            key: format!("k{i:04}").into_bytes(),
+            value: vec![b'v'; 4096],
+            ..Default::default()
+        };
+        s.kv.put(req).await.expect("puts");
+    }
+    let url = format!("http://127.0.0.1:{}", s.port);
+    let mut m = MaintenanceClient::connect(url).await.expect("connects");
+    let mut stream = m.snapshot(pb::SnapshotRequest {}).await.expect("streams").into_inner();
+    stream.message().await.expect("a message").expect("the first piece");
+    // The client reads no more; the server stops. It must not wait for the client.
+    let dir = std::env::temp_dir().join(format!("cairn-test-backup-stop-{}", std::process::id()));
+    drop(s.stop);
+    for _ in 0..200 {
+        if !dir.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!dir.exists(), "the server stopped within 10 s");
+    drop(stream);
+}
