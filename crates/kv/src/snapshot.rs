@@ -291,6 +291,14 @@ impl Image {
         &self.leases
     }
 
+    /// The image as a new cluster's starting state at `applied_index`: the same history and
+    /// leases, without the old members' attributes (a restore's new members publish theirs).
+    pub fn for_new_cluster(mut self, applied_index: u64) -> Image {
+        self.meta.applied_index = applied_index;
+        self.members.clear();
+        self
+    }
+
     /// The records, the members' attributes and the leases.
     pub fn into_parts(self) -> ImageParts {
         (self.records, self.members, self.leases)

@@ -11,7 +11,6 @@
 //! The image's members' attributes belong to the old cluster's members and are dropped; members
 //! of the new one publish theirs when they start. Its applied index is replaced by `n`.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -125,15 +124,12 @@ fn build(image: snapshot::Image, cfg: &RestoreConfig) -> Result<Restored, Restor
         None => vec![NodeId(identity.member_id)],
     };
     let index = LogIndex(voters.len() as u64);
-    let meta = ImageMeta { applied_index: index.0, ..image.meta() };
-    let (records, _, leases) = image.into_parts();
-    let rebased = snapshot::encode(meta, &records, &BTreeMap::new(), &leases);
-    drop(records);
+    let image = image.for_new_cluster(index.0);
     let db = member.join("db");
     let map_bytes = crate::EngineConfig::new(&cfg.name, &cfg.data_dir).map_bytes();
     let backend = LmdbBackend::open(&db, map_bytes).map_err(create_err)?;
     let store = Store::open(backend).map_err(create_err)?;
-    store.install(&rebased).map_err(|e: InstallError| create_err(e))?;
+    let meta = store.install_image(image).map_err(|e: InstallError| create_err(e))?;
     drop(store);
     let wal_path = member.join("wal");
     let dir = OsDir::create(&wal_path).map_err(create_err)?;

@@ -103,7 +103,11 @@ impl<B: Backend> Store<B> {
     /// verified whole first: if it is refused, nothing changes. Executions not yet committed are
     /// discarded (the image replaces what they built on), and so is any compaction in progress.
     pub fn install(&self, image: &[u8]) -> Result<ImageMeta, InstallError> {
-        let image = snapshot::decode(image).map_err(InstallError::Corrupt)?;
+        self.install_image(snapshot::decode(image).map_err(InstallError::Corrupt)?)
+    }
+
+    /// [`Store::install`] of an image already decoded (and so verified).
+    pub fn install_image(&self, image: snapshot::Image) -> Result<ImageMeta, InstallError> {
         let header = image.meta();
         let meta = Meta {
             applied_index: header.applied_index,
