@@ -245,6 +245,11 @@ pub fn decode_lease(id: LeaseId, mut raw: &[u8]) -> Result<Lease, BackendError> 
 /// A consistent read view of the backend.
 pub trait BackendView {
     fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError>;
+    /// The length of the record's [`Record::encode`], without decoding it where the backend
+    /// stores it encoded.
+    fn encoded_len(&self, rev: RevisionId) -> Result<Option<usize>, BackendError> {
+        Ok(self.get(rev)?.map(|r| r.encoded_len()))
+    }
     /// Visits records from `from` on, in revision order, until `visit` returns false.
     fn scan(
         &self,

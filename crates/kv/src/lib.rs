@@ -15,6 +15,7 @@ pub mod backend;
 mod error;
 mod exec;
 pub mod hash;
+mod image_stream;
 #[doc(hidden)]
 pub mod index;
 #[doc(hidden)]
@@ -32,6 +33,7 @@ pub mod watch;
 pub use backend::BackendError;
 pub use error::KvError;
 pub use hash::KvHash;
+pub use image_stream::ImageStream;
 pub use snapshot::{ImageMeta, InstallError};
 #[doc(hidden)]
 pub use store::{Applied, History, Outcome, Prepared, RangeRead, Store, KV_OVERHEAD_BYTES};

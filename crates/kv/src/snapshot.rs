@@ -50,8 +50,10 @@ const VERSION: u32 = 3;
 /// The previous version, without leases, still read.
 const VERSION_NO_LEASES: u32 = 2;
 /// Bytes before the first record.
-const HEADER_LEN: usize = 44;
-const CHECKSUM_LEN: usize = 4;
+pub(crate) const HEADER_LEN: usize = 44;
+pub(crate) const CHECKSUM_LEN: usize = 4;
+/// Revision (12 bytes) and length (8) before each record's encoding.
+const RECORD_PREFIX_LEN: usize = 20;
 
 /// What an image says about the state it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -159,12 +161,7 @@ pub struct Encoder {
 impl Encoder {
     pub fn new(meta: ImageMeta) -> Encoder {
         let mut buf = Vec::with_capacity(HEADER_LEN + CHECKSUM_LEN);
-        buf.put_slice(&MAGIC);
-        buf.put_u32(VERSION);
-        buf.put_u64(meta.applied_index);
-        buf.put_i64(meta.current.0);
-        buf.put_i64(meta.compacted.0);
-        buf.put_u64(0); // The record count, set by `finish`.
+        put_header(&mut buf, meta, 0); // The record count, set by `finish`.
         Encoder { buf, count: 0, last: None }
     }
 
@@ -174,11 +171,7 @@ impl Encoder {
         debug_assert!(self.last.is_none_or(|l| l < rev), "image records out of order");
         self.last = Some(rev);
         self.count += 1;
-        self.buf.reserve(20 + record.encoded_len());
-        self.buf.put_i64(rev.main.0);
-        self.buf.put_u32(rev.sub);
-        self.buf.put_u64(record.encoded_len() as u64);
-        record.encode_into(&mut self.buf);
+        put_record(&mut self.buf, rev, record);
     }
 
     /// Appends every member's attributes, every lease and the checksum.
@@ -188,22 +181,55 @@ impl Encoder {
         leases: &BTreeMap<LeaseId, Lease>,
     ) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
-        self.buf.put_u64(members.len() as u64);
-        for (id, attributes) in members {
-            let encoded = attributes.encode();
-            self.buf.put_u64(*id);
-            self.buf.put_u64(encoded.len() as u64);
-            self.buf.put_slice(&encoded);
-        }
-        self.buf.put_u64(leases.len() as u64);
-        for lease in leases.values() {
-            self.buf.put_i64(lease.id.0);
-            self.buf.put_i64(lease.ttl);
-            self.buf.put_i64(lease.remaining_ttl);
-        }
+        put_tail(&mut self.buf, members, leases);
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
+    }
+}
+
+/// The image's header, for `count` records.
+pub(crate) fn put_header(buf: &mut Vec<u8>, meta: ImageMeta, count: u64) {
+    buf.put_slice(&MAGIC);
+    buf.put_u32(VERSION);
+    buf.put_u64(meta.applied_index);
+    buf.put_i64(meta.current.0);
+    buf.put_i64(meta.compacted.0);
+    buf.put_u64(count);
+}
+
+/// The bytes [`put_record`] writes for a record whose [`Record::encode`] is `encoded_len` long.
+pub(crate) const fn record_len(encoded_len: usize) -> usize {
+    RECORD_PREFIX_LEN + encoded_len
+}
+
+/// One record of the record section.
+pub(crate) fn put_record(buf: &mut Vec<u8>, rev: RevisionId, record: &Record) {
+    buf.reserve(record_len(record.encoded_len()));
+    buf.put_i64(rev.main.0);
+    buf.put_u32(rev.sub);
+    buf.put_u64(record.encoded_len() as u64);
+    record.encode_into(buf);
+}
+
+/// The member and lease sections, which follow the records.
+pub(crate) fn put_tail(
+    buf: &mut Vec<u8>,
+    members: &BTreeMap<u64, MemberAttributes>,
+    leases: &BTreeMap<LeaseId, Lease>,
+) {
+    buf.put_u64(members.len() as u64);
+    for (id, attributes) in members {
+        let encoded = attributes.encode();
+        buf.put_u64(*id);
+        buf.put_u64(encoded.len() as u64);
+        buf.put_slice(&encoded);
+    }
+    buf.put_u64(leases.len() as u64);
+    for lease in leases.values() {
+        buf.put_i64(lease.id.0);
+        buf.put_i64(lease.ttl);
+        buf.put_i64(lease.remaining_ttl);
     }
 }
 
@@ -265,6 +291,14 @@ impl Image {
         &self.leases
     }
 
+    /// The image as a new cluster's starting state at `applied_index`: the same history and
+    /// leases, without the old members' attributes (a restore's new members publish theirs).
+    pub fn for_new_cluster(mut self, applied_index: u64) -> Image {
+        self.meta.applied_index = applied_index;
+        self.members.clear();
+        self
+    }
+
     /// The records, the members' attributes and the leases.
     pub fn into_parts(self) -> ImageParts {
         (self.records, self.members, self.leases)
@@ -282,6 +316,36 @@ pub fn decode(image: &[u8]) -> Result<Image, ImageError> {
 /// image this accepts installs), without keeping its records.
 pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
     parse(image, &mut |_, _| {}).map(|(meta, _, _)| meta)
+}
+
+/// What `cairn snapshot status` shows of an image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageSummary {
+    pub meta: ImageMeta,
+    /// Records (one per revision of a key) the image holds.
+    pub records: u64,
+    /// Distinct keys with a live (not deleted) latest record.
+    pub live_keys: u64,
+    /// The image's own checksum, crc32c over every byte before it.
+    pub checksum: u32,
+}
+
+/// Verifies `image` exactly as [`decode`] does and summarises it, holding only its live keys'
+/// names, not its records.
+pub fn summarize(image: &[u8]) -> Result<ImageSummary, ImageError> {
+    let mut records = 0u64;
+    let mut live: HashSet<Bytes> = HashSet::new();
+    let (meta, _, _) = parse(image, &mut |_, record| {
+        records += 1;
+        if record.tombstone {
+            live.remove(&record.key);
+        } else {
+            live.insert(record.key);
+        }
+    })?;
+    let mut tail = Cursor(&image[image.len() - CHECKSUM_LEN..]);
+    let checksum = tail.u32()?;
+    Ok(ImageSummary { meta, records, live_keys: live.len() as u64, checksum })
 }
 
 /// Reads big-endian integers off the front of a slice, failing instead of panicking.

@@ -20,10 +20,11 @@ use cairn_kv::{
 };
 use cairn_raft::{ConfState, NodeId};
 use cairn_storage::fs::OsDir;
-use cairn_storage::lmdb::LmdbBackend;
+use cairn_storage::lmdb::{LmdbBackend, LmdbView};
 use cairn_storage::WalOptions;
 use tokio::sync::oneshot;
 
+use crate::backup::BackupStream;
 use crate::cluster::ClusterState;
 use crate::config::{EngineConfig, ReplicaConfig};
 use crate::driver::{Driver, EngineReplica, Input};
@@ -432,6 +433,17 @@ impl Engine {
             return Err(self.stopped());
         }
         Ok(self.shared.store.hash_kv(rev)?)
+    }
+
+    /// The snapshot file of this member's store as it is now, made as it is read: a read view
+    /// taken now, encoded piece by piece, so writes go on and memory stays small (see
+    /// [`crate::backup`]). Read it on a thread that may block: each piece reads the database.
+    pub fn backup(&self) -> Result<BackupStream<LmdbView<'_>>, EngineError> {
+        if self.shared.failed.load(Ordering::SeqCst) {
+            return Err(self.stopped());
+        }
+        let image = self.shared.store.image_stream().map_err(KvError::from)?;
+        Ok(BackupStream::new(image))
     }
 
     /// Waits until reads here reflect every write committed before the call. A sole voter that

@@ -37,6 +37,7 @@
 #![deny(clippy::unwrap_used)]
 #![warn(missing_docs)]
 
+pub mod backup;
 pub mod cluster;
 // The replica's machinery, public for the simulator and the tests; an embedder needs none of
 // it (its docs are hidden).
@@ -55,6 +56,7 @@ mod lease_clock;
 mod peers;
 mod replica;
 mod request;
+pub mod restore;
 mod shared;
 mod waiters;
 mod watch;

@@ -47,6 +47,8 @@ mod request_fuzz;
 #[cfg(feature = "server")]
 mod services;
 #[cfg(feature = "server")]
+mod snapshot;
+#[cfg(feature = "server")]
 mod streams;
 /// Test CAs and certificates, shared with the transport's tests.
 #[cfg(all(test, feature = "server"))]

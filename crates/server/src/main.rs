@@ -10,6 +10,7 @@ use cairn_node::cluster::{ClusterConfig, ClusterState};
 use cairn_transport::TlsFiles;
 use clap::{Args, Parser, Subcommand};
 
+mod snapshot_cmd;
 mod wal_cmd;
 
 #[derive(Parser)]
@@ -34,6 +35,9 @@ enum Cmd {
     /// Work on a stopped member's write-ahead log.
     #[command(subcommand)]
     Wal(wal_cmd::WalCmd),
+    /// Restore a member from a snapshot file, or show what a snapshot file holds.
+    #[command(subcommand)]
+    Snapshot(snapshot_cmd::SnapshotCmd),
 }
 
 #[derive(Args, Clone)]
@@ -340,6 +344,7 @@ fn main() -> Result<()> {
         Some(Cmd::Serve(a)) => *a,
         Some(Cmd::Bench(b)) => return bench(b),
         Some(Cmd::Wal(w)) => return wal_cmd::run(w),
+        Some(Cmd::Snapshot(c)) => return snapshot_cmd::run(c),
         None => cli.serve,
     };
     tracing_subscriber::fmt()

@@ -212,7 +212,11 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         _: Request<pb::SnapshotRequest>,
     ) -> Result<Response<Self::SnapshotStream>, Status> {
-        Err(not_yet("Maintenance.Snapshot"))
+        Ok(Response::new(crate::snapshot::start(
+            self.engine.clone(),
+            self.header(),
+            self.stopping.clone(),
+        )))
     }
 
     async fn move_leader(

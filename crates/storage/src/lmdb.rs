@@ -277,6 +277,11 @@ impl BackendView for LmdbView<'_> {
         }
     }
 
+    fn encoded_len(&self, rev: RevisionId) -> Result<Option<usize>, BackendError> {
+        let raw = self.history.get(&self.txn, &revision_key(rev)).map_err(err("get"))?;
+        Ok(raw.map(<[u8]>::len))
+    }
+
     fn scan(
         &self,
         from: RevisionId,

@@ -15,6 +15,7 @@ use bytes::Bytes;
 use super::{Inner, Store};
 use crate::backend::{encode_lease, Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::hash::{self, Hasher, KvHash};
+use crate::image_stream::{ImageStream, StreamParts};
 use crate::index::{Index, IndexEntry};
 use crate::snapshot::{self, Encoder, ImageMeta, InstallError};
 use crate::types::{Revision, RevisionId};
@@ -78,11 +79,35 @@ impl<B: Backend> Store<B> {
         Ok(encoder.finish(&members, &leases))
     }
 
+    /// The same image as [`Store::image`], streamed: encoded piece by piece as the caller reads
+    /// it, from a read view of the backend taken now, so the store never holds it whole and
+    /// writers go on while it is read. The stream borrows the store; read it off the async
+    /// runtime (each piece may read the backend).
+    pub fn image_stream(&self) -> Result<ImageStream<B::View<'_>>, BackendError> {
+        let parts = {
+            let inner = self.read();
+            let meta = ImageMeta {
+                applied_index: inner.exec_applied,
+                current: inner.exec_current,
+                compacted: inner.exec_compacted,
+            };
+            let revs = inner.index.retained(inner.exec_compacted);
+            let Capture { view, overlay, revs } = self.capture(&inner, revs)?;
+            let (members, leases) = (inner.members.clone(), inner.leases.all().clone());
+            StreamParts { view, overlay, revs, meta, members, leases }
+        };
+        ImageStream::new(parts)
+    }
+
     /// Replaces the whole state with `image`, durably, and returns its header. The image is
     /// verified whole first: if it is refused, nothing changes. Executions not yet committed are
     /// discarded (the image replaces what they built on), and so is any compaction in progress.
     pub fn install(&self, image: &[u8]) -> Result<ImageMeta, InstallError> {
-        let image = snapshot::decode(image).map_err(InstallError::Corrupt)?;
+        self.install_image(snapshot::decode(image).map_err(InstallError::Corrupt)?)
+    }
+
+    /// [`Store::install`] of an image already decoded (and so verified).
+    pub fn install_image(&self, image: snapshot::Image) -> Result<ImageMeta, InstallError> {
         let header = image.meta();
         let meta = Meta {
             applied_index: header.applied_index,
