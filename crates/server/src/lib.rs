@@ -37,6 +37,8 @@ mod lease;
 #[cfg(feature = "server")]
 mod listen;
 #[cfg(feature = "server")]
+mod metrics;
+#[cfg(feature = "server")]
 mod pipe;
 #[cfg(feature = "server")]
 mod range_stream;
@@ -88,6 +90,9 @@ pub struct ServeConfig {
     /// Most client connections open at once (0: as many as the open-file limit allows, less
     /// the descriptors kept for the WAL, database and peers, which bounds any value).
     pub max_client_conns: usize,
+    /// `http://host:port` URLs that serve only `/metrics` and `/health`, in plain HTTP
+    /// (etcd's `--listen-metrics-urls`); the client URLs serve `/metrics` too.
+    pub listen_metrics_urls: Vec<String>,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -154,6 +159,14 @@ pub async fn serve(
         },
     ));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
+    let mut metrics_listeners = Vec::new();
+    for url in &cfg.listen_metrics_urls {
+        let addr = parse_url(url).map_err(anyhow::Error::msg)?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("--listen-metrics-urls: listen on {addr}: {e}"))?;
+        metrics_listeners.push((addr, listener));
+    }
     let mut listeners = Vec::new();
     for addr in addrs {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -175,6 +188,16 @@ pub async fn serve(
             max_streams,
             conns.clone(),
         )));
+    }
+    for (addr, listener) in metrics_listeners {
+        eprintln!("cairn: serving /metrics and /health on http://{addr}");
+        let stopped = streams::stopped(stop_rx.clone());
+        let app = http::metrics_routes(engine.clone());
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+                tracing::warn!("the metrics listener on {addr} failed: {e}");
+            }
+        }));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
     // the reason, so a supervisor restarts it and the WAL replays.
