@@ -198,12 +198,12 @@ impl Engine {
         let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
         let reports = tx.clone();
-        let committer = crate::committer::spawn(&cfg.name, store, metrics, move |r| {
+        let committer = crate::committer::spawn(&cfg.name, store, metrics.clone(), move |r| {
             reports.send(Input::Committer(r)).is_ok()
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let transport = match &cfg.cluster {
-            Some(c) => Some(crate::peers::start(c, tx.clone())?),
+            Some(c) => Some(crate::peers::start(c, tx.clone(), metrics.peers.clone())?),
             None => None,
         };
         let mut driver = Driver::new(

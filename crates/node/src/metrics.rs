@@ -91,6 +91,8 @@ pub struct EngineMetrics {
     pub snapshots_sent: AtomicU64,
     /// Snapshots from a leader installed here.
     pub snapshots_installed: AtomicU64,
+    /// Bytes to and from each peer, counted by the transport.
+    pub peers: Arc<cairn_transport::PeerTraffic>,
 }
 
 impl EngineMetrics {

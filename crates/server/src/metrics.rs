@@ -76,6 +76,7 @@ impl Collector for Scrape {
         server(&self.engine, &mut enc)?;
         identity(&self.engine, &mut enc)?;
         disk_and_store(&self.engine, &mut enc)?;
+        network(&self.engine, &mut enc)?;
         grpc::encode(&mut enc)?;
         cairn(&self.engine, &mut enc)?;
         process::encode(&mut enc)
@@ -258,6 +259,25 @@ fn disk_and_store(engine: &Engine, enc: &mut DescriptorEncoder) -> std::fmt::Res
         "Total number of watchers.",
         WATCH.watchers.load(Ordering::Relaxed) as f64,
     )
+}
+
+/// etcd's `etcd_network_peer_*_bytes_total`, by peer id in hex.
+fn network(engine: &Engine, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let totals = engine.metrics().peers.totals();
+    let ids: Vec<String> = totals.iter().map(|(id, _, _)| format!("{:x}", id.0)).collect();
+    let help = "The total number of bytes sent to peers.";
+    let mut m =
+        enc.encode_descriptor("etcd_network_peer_sent_bytes", help, None, MetricType::Counter)?;
+    for (id, (_, sent, _)) in ids.iter().zip(&totals) {
+        ConstCounter::new(*sent).encode(m.encode_family(&[("To", id.as_str())])?)?;
+    }
+    let help = "The total number of bytes received from peers.";
+    let name = "etcd_network_peer_received_bytes";
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Counter)?;
+    for (id, (_, _, received)) in ids.iter().zip(&totals) {
+        ConstCounter::new(*received).encode(m.encode_family(&[("From", id.as_str())])?)?;
+    }
+    Ok(())
 }
 
 /// cairn's own, for what etcd has no name for.

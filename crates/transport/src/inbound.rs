@@ -26,6 +26,7 @@ pub(crate) struct Acceptor {
     pub(crate) max_frame_bytes: u32,
     pub(crate) max_snapshot_bytes: u32,
     pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) traffic: Arc<crate::PeerTraffic>,
 }
 
 /// Why an incoming peer connection ended early.
@@ -147,10 +148,12 @@ impl Acceptor {
 
     /// Reads frames until the caller hangs up, handing their messages over in order.
     async fn messages(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
+        let received = self.traffic.peer(from);
         loop {
-            let Some(payload) = read_frame(&mut conn, self.max_frame_bytes).await? else {
+            let Some((payload, bytes)) = read_frame(&mut conn, self.max_frame_bytes).await? else {
                 return Ok(());
             };
+            crate::PeerBytes::add(&received.received, bytes);
             for msg in payload? {
                 if msg.from != from || msg.to != self.local {
                     return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
@@ -162,9 +165,10 @@ impl Acceptor {
 
     /// Reads one snapshot, hands it over, and says so.
     async fn snapshot(&self, mut conn: TcpStream, from: NodeId) -> Result<(), InboundError> {
-        let Some(msgs) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
+        let Some((msgs, bytes)) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
             return Ok(());
         };
+        crate::PeerBytes::add(&self.traffic.peer(from).received, bytes);
         let mut msgs = msgs?;
         let msg = match (msgs.pop(), msgs.is_empty()) {
             (Some(m), true) if matches!(m.body, MessageBody::Snapshot { .. }) => m,
@@ -181,9 +185,13 @@ impl Acceptor {
 
 type Batch = Result<Vec<cairn_raft::Message>, DecodeError>;
 
-/// Reads one frame and decodes it; `None` when the caller hung up between frames. Memory grows
-/// with the bytes that actually arrive, never with what a header claims.
-async fn read_frame(conn: &mut TcpStream, max: u32) -> Result<Option<Batch>, InboundError> {
+/// Reads one frame and decodes it, with the bytes it took; `None` when the caller hung up
+/// between frames. Memory grows with the bytes that actually arrive, never with what a header
+/// claims.
+async fn read_frame(
+    conn: &mut TcpStream,
+    max: u32,
+) -> Result<Option<(Batch, usize)>, InboundError> {
     let mut header = [0u8; codec::FRAME_HEADER_LEN];
     match conn.read_exact(&mut header).await {
         Ok(_) => {}
@@ -196,7 +204,7 @@ async fn read_frame(conn: &mut TcpStream, max: u32) -> Result<Option<Batch>, Inb
     if got != len as usize {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
-    Ok(Some(codec::decode_batch(Bytes::from(payload), crc)))
+    Ok(Some((codec::decode_batch(Bytes::from(payload), crc), header.len() + got)))
 }
 
 async fn reply(conn: &mut TcpStream, result: Result<(), &str>) -> std::io::Result<()> {

@@ -58,6 +58,7 @@ pub(crate) struct Link {
     pub(crate) cluster_id: u64,
     pub(crate) local: NodeId,
     pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) traffic: Arc<crate::PeerTraffic>,
 }
 
 /// Why a connection to a peer failed.
@@ -113,7 +114,9 @@ impl Peer {
     ) -> Peer {
         let (tx, rx) = mpsc::channel(queue_len.max(1));
         let reported = Arc::new(AtomicBool::new(false));
-        let writer = Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone() };
+        let sent = link.traffic.peer(id);
+        let writer =
+            Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone(), sent };
         rt.spawn(writer.run());
         Peer { id, tx, reported, sink: link.sink.clone() }
     }
@@ -137,6 +140,7 @@ struct Writer {
     addrs: Vec<SocketAddr>,
     rx: mpsc::Receiver<Message>,
     reported: Arc<AtomicBool>,
+    sent: Arc<crate::PeerBytes>,
 }
 
 impl Writer {
@@ -198,6 +202,7 @@ impl Writer {
             encode_frames(&batch, &mut buf);
             batch.clear();
             conn.write_all(&buf).await?;
+            crate::PeerBytes::add(&self.sent.sent, buf.len());
             self.reported.store(false, Ordering::Relaxed);
             if buf.capacity() > 4 << 20 {
                 // A burst of large appends should not pin its buffer for the connection's life.
@@ -293,11 +298,13 @@ impl Snapshots {
 }
 
 async fn send_snapshot(link: &Link, addrs: &[SocketAddr], msg: Message) -> Result<(), DialError> {
+    let msg_to = msg.to;
     let mut conn = dial(link, msg.to, addrs, StreamKind::Snapshot).await?;
     let mut buf = Vec::new();
     codec::encode_batch(std::slice::from_ref(&msg), &mut buf);
     drop(msg);
     conn.write_all(&buf).await?;
+    crate::PeerBytes::add(&link.traffic.peer(msg_to).sent, buf.len());
     drop(buf);
     read_reply(&mut conn, SNAPSHOT_REPLY_TIMEOUT).await?.map_err(DialError::Refused)
 }
