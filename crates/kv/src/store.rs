@@ -233,6 +233,11 @@ impl<B: Backend> Store<B> {
         self.read().leases.keys(id)
     }
 
+    /// How many leases exist.
+    pub fn lease_count(&self) -> usize {
+        self.read().leases.all().len()
+    }
+
     /// Every lease, in id order, as executed.
     pub fn leases(&self) -> Vec<Lease> {
         self.read().leases.all().values().copied().collect()

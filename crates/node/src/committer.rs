@@ -15,6 +15,7 @@ use cairn_kv::{Prepared, Store};
 use cairn_raft::LogIndex;
 
 use crate::error::StorageError;
+use crate::metrics::EngineMetrics;
 
 /// Executed batches, and whether the store must be made durable, waiting for a commit.
 #[derive(Debug)]
@@ -116,6 +117,7 @@ pub struct Handle {
 pub fn spawn<B: Backend + 'static>(
     name: &str,
     store: Arc<Store<B>>,
+    metrics: Arc<EngineMetrics>,
     report: impl Fn(Report) -> bool + Send + 'static,
 ) -> std::io::Result<Handle> {
     let (jobs_tx, jobs) = std::sync::mpsc::sync_channel(COMMIT_QUEUE);
@@ -123,7 +125,7 @@ pub fn spawn<B: Backend + 'static>(
     let failed = failure.clone();
     let thread =
         std::thread::Builder::new().name(format!("cairn-commit-{name}")).spawn(move || {
-            if let Err(e) = run(Committer::new(store), &jobs, &report) {
+            if let Err(e) = run(Committer::new(store), &jobs, &report, &metrics) {
                 *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
                 report(Report::Failed(e));
             }
@@ -186,6 +188,7 @@ fn run<B: Backend>(
     mut c: Committer<B>,
     jobs: &Receiver<Job>,
     report: &dyn Fn(Report) -> bool,
+    metrics: &EngineMetrics,
 ) -> Result<(), BackendError> {
     let mut last_commit = Instant::now();
     loop {
@@ -194,10 +197,16 @@ fn run<B: Backend>(
         } else {
             gather(&mut c, jobs, last_commit + COMMIT_INTERVAL)
         };
-        if let Some(index) = c.commit()? {
+        let busy = c.queued() > 0 || c.sync_wanted;
+        let started = Instant::now();
+        let durable = c.commit()?;
+        last_commit = Instant::now();
+        if busy {
+            metrics.backend_commit.observe(last_commit - started);
+        }
+        if let Some(index) = durable {
             report(Report::Durable(index));
         }
-        last_commit = Instant::now();
         let had_work = c.store().compaction_work();
         if had_work && !c.compact_step(COMPACT_STEP)? {
             report(Report::CompactionDone);

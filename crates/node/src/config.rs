@@ -158,6 +158,9 @@ pub struct ReplicaConfig {
     /// often (etcd's `LeaseCheckpointInterval`, 5 minutes). The simulator shortens it so that
     /// checkpoints happen within a run.
     pub lease_checkpoint_seconds: u64,
+    /// Where the replica counts failed proposals, compactions and snapshots installed; `None`
+    /// (the simulator) counts nothing.
+    pub metrics: Option<std::sync::Arc<crate::metrics::EngineMetrics>>,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -175,6 +178,7 @@ impl ReplicaConfig {
             tick_micros: 100_000,
             lease_revoke_rate: 1000,
             lease_checkpoint_seconds: 300,
+            metrics: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

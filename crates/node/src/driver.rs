@@ -14,7 +14,6 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_raft::Role;
-use cairn_storage::fs::OsDir;
 use cairn_storage::lmdb::LmdbBackend;
 use cairn_transport::Transport;
 use tokio::sync::oneshot;
@@ -22,6 +21,7 @@ use tokio::sync::oneshot;
 use crate::committer::{self, Job, Report};
 use crate::error::{EngineError, StopCause, StorageError};
 use crate::ids::RequestId;
+use crate::metrics::{EngineMetrics, TimedDir};
 use crate::peers::PeerInput;
 use crate::replica::{Replica, Reply};
 use crate::shared::Shared;
@@ -29,7 +29,7 @@ use crate::shared::Shared;
 /// How a caller waits for its answer.
 pub(crate) type Token = oneshot::Sender<Result<Reply, EngineError>>;
 
-pub(crate) type EngineReplica = Replica<OsDir, LmdbBackend, Token>;
+pub(crate) type EngineReplica = Replica<TimedDir, LmdbBackend, Token>;
 
 pub(crate) enum Input {
     Propose {
@@ -186,6 +186,9 @@ impl Driver {
             Input::Committer(Report::Failed(e)) => return Err(StorageError::Backend(e)),
             Input::Peer(PeerInput::Message(msg)) => self.replica.handle_message(msg),
             Input::Peer(PeerInput::SnapshotSent { to, status }) => {
+                if status == cairn_raft::SnapshotStatus::Finished {
+                    EngineMetrics::add(&self.shared.metrics.snapshots_sent, 1);
+                }
                 self.replica.handle_snapshot_report(to, status)
             }
             Input::Peer(PeerInput::Unreachable(to)) => self.replica.handle_unreachable(to),
@@ -248,8 +251,16 @@ impl Driver {
                 Some((l, term)) => tracing::info!(term, "leader is {l:016x}"),
                 None => tracing::warn!(term = raft.term().0, "no leader"),
             }
+            // As etcd counts: a leader other than the one last seen (none counts as other).
+            if leader.is_some_and(|l| self.leader.is_none_or(|(old, _)| old != l)) {
+                EngineMetrics::add(&self.shared.metrics.leader_changes, 1);
+            }
             self.leader = seen;
         }
+        let m = &self.shared.metrics;
+        EngineMetrics::set(&m.committed_index, raft.commit_index().0);
+        EngineMetrics::set(&m.applied_index, raft.applied_index().0);
+        EngineMetrics::set(&m.proposals_pending, self.replica.waiting().0 as u64);
         self.shared.leader.store(leader.unwrap_or(0), Ordering::Relaxed);
         self.shared.raft_term.store(raft.term().0, Ordering::Relaxed);
         let mut s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());

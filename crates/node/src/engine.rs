@@ -31,6 +31,7 @@ use crate::driver::{Driver, EngineReplica, Input};
 use crate::error::{EngineError, OpenError, StopCause};
 use crate::identity::{self, io_err};
 use crate::ids::RequestIds;
+use crate::metrics::EngineMetrics;
 use crate::replica::{Bootstrap, Replica, Reply};
 use crate::request::{prepare, Limits};
 use crate::shared::{Shared, Status};
@@ -126,7 +127,7 @@ fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
     }
 }
 
-fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
+fn replica_config(cfg: &EngineConfig, id: u64, metrics: Arc<EngineMetrics>) -> ReplicaConfig {
     let mut raft = cairn_raft::Config::new(NodeId(id));
     raft.election_timeout_ticks = cfg.election_ticks;
     raft.heartbeat_interval_ticks = cfg.heartbeat_ticks;
@@ -144,6 +145,7 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     }
     rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);
     rc.lease_revoke_rate = cfg.lease_revoke_rate;
+    rc.metrics = Some(metrics);
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;
@@ -181,9 +183,10 @@ impl Engine {
         let wal_dir = OsDir::create(&wal_path).map_err(io_err("create", &wal_path))?;
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
         let stored_index = store.applied_index();
+        let metrics = Arc::new(EngineMetrics::default());
         let replica: EngineReplica = Replica::open_with(
-            replica_config(&cfg, id),
-            wal_dir,
+            replica_config(&cfg, id, metrics.clone()),
+            crate::metrics::TimedDir::new(wal_dir, metrics.clone()),
             wal_opts,
             store.clone(),
             bootstrap(&cfg, id),
@@ -194,16 +197,16 @@ impl Engine {
         // Committed entries the database does not have yet: `driver.start` applies them.
         let replay = replica.raft().commit_index().0.saturating_sub(stored_index);
         let lease_clock = replica.lease_clock();
-        let (shared, notify) = Shared::new(store.clone(), id, cluster_id);
+        let (shared, notify) = Shared::new(store.clone(), id, cluster_id, metrics.clone());
         let shared = Arc::new(shared);
         let (tx, rx) = mpsc::channel();
         let reports = tx.clone();
-        let committer = crate::committer::spawn(&cfg.name, store, move |r| {
+        let committer = crate::committer::spawn(&cfg.name, store, metrics.clone(), move |r| {
             reports.send(Input::Committer(r)).is_ok()
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let transport = match &cfg.cluster {
-            Some(c) => Some(crate::peers::start(c, tx.clone())?),
+            Some(c) => Some(crate::peers::start(c, tx.clone(), metrics.peers.clone())?),
             None => None,
         };
         let mut driver = Driver::new(
@@ -240,6 +243,17 @@ impl Engine {
         s.db_size_bytes = self.shared.store.size_bytes();
         s.key_count = self.shared.store.key_count() as u64;
         s
+    }
+
+    /// What the engine counts (leader changes, proposals, fsync and commit latencies), for a
+    /// server to export; reading it takes no lock.
+    pub fn metrics(&self) -> &EngineMetrics {
+        &self.shared.metrics
+    }
+
+    /// Leases granted and not yet revoked or expired.
+    pub fn lease_count(&self) -> usize {
+        self.shared.store.lease_count()
     }
 
     /// The store's revision, as reads see it: cheaper than [`Engine::status`] (which also asks
@@ -442,7 +456,7 @@ impl Engine {
         if self.shared.failed.load(Ordering::SeqCst) {
             return Err(self.stopped());
         }
-        let image = self.shared.store.image_stream().map_err(KvError::from)?;
+        let image = self.shared.store.image_stream().map_err(cairn_kv::KvError::from)?;
         Ok(BackupStream::new(image))
     }
 

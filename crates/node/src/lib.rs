@@ -53,6 +53,7 @@ mod error;
 mod identity;
 mod ids;
 mod lease_clock;
+pub mod metrics;
 mod peers;
 mod replica;
 mod request;

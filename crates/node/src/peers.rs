@@ -44,10 +44,12 @@ impl Sink for DriverSink {
 pub(crate) fn start(
     cluster: &ClusterConfig,
     tx: mpsc::Sender<Input>,
+    traffic: Arc<cairn_transport::PeerTraffic>,
 ) -> Result<Transport, EngineError> {
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
     let (server_tls, client_tls) = peer_tls(cluster).map_err(open)?;
+    cfg.traffic = traffic;
     for url in &cluster.listen_peer_urls {
         let addr = listen_addr(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
         let socket = std::net::TcpListener::bind(addr)

@@ -9,6 +9,7 @@ use cairn_storage::lmdb::LmdbBackend;
 use tokio::sync::watch;
 
 use crate::error::StorageError;
+use crate::metrics::EngineMetrics;
 use crate::replica::Leadership;
 
 /// What `Maintenance.Status` and the health checks report.
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) executed: watch::Receiver<Revision>,
     /// Leadership as this member sees it, for embedders.
     pub(crate) leadership: watch::Receiver<Option<Leadership>>,
+    /// What the driver, the log and the committer count.
+    pub(crate) metrics: Arc<EngineMetrics>,
 }
 
 impl Shared {
@@ -66,6 +69,7 @@ impl Shared {
         store: Arc<Store<LmdbBackend>>,
         member_id: u64,
         cluster_id: u64,
+        metrics: Arc<EngineMetrics>,
     ) -> (Shared, crate::driver::Notify) {
         let (executed_tx, executed) = watch::channel(store.current_revision());
         let (leadership_tx, leadership) = watch::channel(None);
@@ -80,6 +84,7 @@ impl Shared {
             cluster_id,
             executed,
             leadership,
+            metrics,
         };
         (shared, crate::driver::Notify { executed: executed_tx, leadership: leadership_tx })
     }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use cairn_kv::*;
 use cairn_node::cluster::{ClusterConfig, ClusterState};
+use cairn_node::metrics::EngineMetrics;
 use cairn_node::{Engine, EngineConfig, EngineError, OpenError};
 
 struct Member {
@@ -139,11 +140,18 @@ async fn three_members_serve_every_request_on_every_member() {
             assert_eq!(get(eng(m), &format!("k{i}")).await, Some(Bytes::from(w.name.clone())));
         }
     }
+    // The leader talked with both followers, both ways (followers need not talk to each other).
+    let l = leader(&ms);
+    let traffic = eng(&ms[l]).metrics().peers.totals();
+    assert_eq!(traffic.len(), 2, "{traffic:?}");
+    assert!(traffic.iter().all(|(_, s, r)| *s > 0 && *r > 0), "{traffic:?}");
     // The leader goes away; the other two elect one and keep serving.
     let l = leader(&ms);
     stop(&mut ms[l]);
     let l2 = leader(&ms);
     assert_ne!(l, l2);
+    let changes = |m: &Member| EngineMetrics::get(&eng(m).metrics().leader_changes);
+    assert!(changes(&ms[l2]) >= 2, "the first leader and the second were seen");
     for m in ms.iter().filter(|m| m.engine.is_some()) {
         put_retrying(eng(m), "after", &m.name).await;
     }
@@ -178,6 +186,17 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(get(eng(&ms[behind]), "k199").await, Some(Bytes::from("199")));
+    let count = |m: &Member, c: fn(&EngineMetrics) -> &std::sync::atomic::AtomicU64| {
+        EngineMetrics::get(c(eng(m).metrics()))
+    };
+    assert!(count(&ms[behind], |m| &m.snapshots_installed) >= 1);
+    assert!(count(&ms[l], |m| &m.log_compactions) >= 1);
+    // The leader hears how the send ended after the member installed it.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&ms[l], |m| &m.snapshots_sent) == 0 {
+        assert!(Instant::now() < deadline, "the leader never counted the snapshot sent");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let h: Vec<u32> = ms.iter().map(|m| eng(m).hash_kv(target).expect("hash").hash).collect();
     assert!(h.iter().all(|x| *x == h[0]), "members diverge: {h:?}");
     ms.iter_mut().for_each(stop);

@@ -10,6 +10,7 @@ use cairn_kv::{
     Revision, Store,
 };
 use cairn_node::committer::Committer;
+use cairn_node::metrics::EngineMetrics;
 use cairn_node::{
     prepare, Bootstrap, EngineError, Limits, Replica, ReplicaConfig, Reply, RequestId, RequestIds,
     StorageError,
@@ -28,6 +29,7 @@ struct Member {
     disk: FaultyDir,
     ids: RequestIds,
     answers: Vec<Answer>,
+    metrics: Arc<EngineMetrics>,
 }
 
 fn member(id: u64, voters: &[u64], snapshot_entries: u64) -> Member {
@@ -46,6 +48,8 @@ fn member_with(
     cfg.request_timeout_ticks = 60;
     cfg.snapshot_entries = snapshot_entries;
     cfg.publish = publish;
+    let metrics = Arc::new(EngineMetrics::default());
+    cfg.metrics = Some(metrics.clone());
     let store = Arc::new(Store::open(MemBackend::default()).unwrap());
     let disk = FaultyDir::default();
     let conf = ConfState::with_voters(voters.iter().map(|v| NodeId(*v)));
@@ -53,7 +57,8 @@ fn member_with(
         Replica::open(cfg, disk.clone(), store.clone(), Bootstrap::Founding(conf), id << 20)
             .unwrap();
     let committer = Committer::new(store);
-    Member { replica, committer, disk, ids: RequestIds::new(id, id << 20), answers: Vec::new() }
+    let ids = RequestIds::new(id, id << 20);
+    Member { replica, committer, disk, ids, answers: Vec::new(), metrics }
 }
 
 fn put(key: &str, value: &str) -> Command {
@@ -180,6 +185,8 @@ fn a_proposal_or_read_without_a_leader_is_refused_at_once() {
     let mut answers: Vec<Answer> = m.replica.work().answers.drain(..).collect();
     answers.sort_by_key(|a| a.0);
     assert_eq!(answers, vec![(1, Err(EngineError::NoLeader)), (2, Err(EngineError::NoLeader))]);
+    // The write failed to commit; a read is no proposal.
+    assert_eq!(EngineMetrics::get(&m.metrics.proposals_failed), 1);
 }
 
 #[test]
@@ -203,6 +210,7 @@ fn a_cut_off_leader_answers_reads_leader_changed_and_writes_with_a_timeout() {
         matches!(timeout, (10, Err(EngineError::Timeout | EngineError::TimeoutDueToLeaderFail))),
         "{timeout:?}"
     );
+    assert_eq!(EngineMetrics::get(&net.get(1).metrics.proposals_failed), 1);
     assert_eq!(net.get(1).replica.waiting(), (0, 0, 0), "no caller left waiting");
 }
 

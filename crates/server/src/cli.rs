@@ -16,7 +16,7 @@ use clap::error::{ContextKind, ContextValue, ErrorKind};
 /// takes. Those cairn does not take are named as etcd flags it does not support yet, so
 /// someone moving an etcd command line over learns what is missing rather than getting clap's
 /// guess at a similar flag.
-const ETCD_FLAGS: &[&str] = &[
+pub(crate) const ETCD_FLAGS: &[&str] = &[
     "advertise-client-urls",
     "auth-token",
     "auth-token-ttl",
@@ -121,12 +121,8 @@ const ETCD_FLAGS: &[&str] = &[
     "wal-dir",
 ];
 
-/// Parses the command line as [`clap::Parser::parse`] does (exit code 2 on bad flags), with
-/// etcd flags that cairn does not support yet named as such.
-pub(crate) fn parse<C: clap::Parser>() -> C {
-    parse_from(std::env::args_os()).unwrap_or_else(|e| e.exit())
-}
-
+/// Parses a command line as [`clap::Parser::try_parse_from`] does, with etcd flags that cairn
+/// does not support yet named as such.
 pub(crate) fn parse_from<C: clap::Parser>(
     args: impl IntoIterator<Item = impl Into<OsString>>,
 ) -> Result<C, clap::Error> {

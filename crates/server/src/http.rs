@@ -18,6 +18,7 @@ use axum::routing::get;
 use axum::Router;
 use cairn_node::Engine;
 
+use crate::metrics::{Counted, GrpcCall};
 use crate::services::ETCD_COMPATIBLE_VERSION;
 
 async fn ready(engine: &Engine) -> Result<(), String> {
@@ -65,14 +66,35 @@ pub(crate) fn version_json() -> String {
     )
 }
 
+/// `/metrics`, as both the client port and `--listen-metrics-urls` serve it.
+fn metrics_route(engine: Arc<Engine>) -> axum::routing::MethodRouter {
+    let registry = crate::metrics::registry(engine);
+    get(move || {
+        let registry = registry.clone();
+        async move {
+            (
+                [(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)],
+                crate::metrics::encode(&registry),
+            )
+        }
+    })
+}
+
+/// What `--listen-metrics-urls` serves, as etcd does there: `/metrics` and `/health`.
+pub(crate) fn metrics_routes(engine: Arc<Engine>) -> Router {
+    Router::new().route("/metrics", metrics_route(engine.clone())).route("/health", health(engine))
+}
+
+fn health(engine: Arc<Engine>) -> axum::routing::MethodRouter {
+    readiness(engine, r#"{"health":"true","reason":""}"#, |why| {
+        format!(r#"{{"health":"false","reason":{why:?}}}"#)
+    })
+}
+
 pub fn routes(engine: Arc<Engine>) -> Router {
     Router::new()
-        .route(
-            "/health",
-            readiness(engine.clone(), r#"{"health":"true","reason":""}"#, |why| {
-                format!(r#"{{"health":"false","reason":{why:?}}}"#)
-            }),
-        )
+        .route("/metrics", metrics_route(engine.clone()))
+        .route("/health", health(engine.clone()))
         .route("/livez", get(|| async { "ok" }))
         .route("/readyz", readiness(engine, "ok", |why| format!("not ready: {why}")))
         .route(
@@ -132,8 +154,8 @@ async fn not_found(req: Request<Body>) -> Response {
     text(
         StatusCode::NOT_FOUND,
         format!(
-            "404 page not found: {path} (cairn serves /health, /livez, /readyz and /version \
-             over HTTP, and the etcd v3 API over gRPC)"
+            "404 page not found: {path} (cairn serves /health, /livez, /readyz, /version and \
+             /metrics over HTTP, and the etcd v3 API over gRPC)"
         ),
     )
 }
@@ -189,7 +211,7 @@ pub(crate) struct Dispatch {
 type RouteFuture = <Router as tower::Service<Request<Body>>>::Future;
 
 impl tower::Service<Request<Body>> for Dispatch {
-    type Response = Response;
+    type Response = Response<Counted>;
     type Error = Infallible;
     type Future = Answer;
 
@@ -202,28 +224,36 @@ impl tower::Service<Request<Body>> for Dispatch {
         if is_grpc(&req) {
             // A reference-counted clone: this runs on every call, unlike the naming.
             let grpc_path = req.uri().path_and_query().cloned();
-            Answer { route: self.grpc.call(req), grpc_path }
+            let call = GrpcCall::start(req.uri().path());
+            Answer { route: self.grpc.call(req), grpc_path, call }
         } else {
-            Answer { route: self.http.call(req), grpc_path: None }
+            Answer { route: self.http.call(req), grpc_path: None, call: None }
         }
     }
 }
 
-/// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied.
+/// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied and the
+/// call counted (`metrics::grpc`).
 pub(crate) struct Answer {
     route: RouteFuture,
     grpc_path: Option<axum::http::uri::PathAndQuery>,
+    call: Option<GrpcCall>,
 }
 
 impl std::future::Future for Answer {
-    type Output = Result<Response, Infallible>;
+    type Output = Result<Response<Counted>, Infallible>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut resp = std::task::ready!(std::pin::Pin::new(&mut self.route).poll(cx))?;
         if let Some(path) = self.grpc_path.take() {
             name_unimplemented(path.path(), &mut resp);
         }
-        Poll::Ready(Ok(resp))
+        let (parts, body) = resp.into_parts();
+        let body = match self.call.take() {
+            Some(call) => call.answered(&parts.headers, body),
+            None => Counted::plain(body),
+        };
+        Poll::Ready(Ok(Response::from_parts(parts, body)))
     }
 }
 

@@ -37,6 +37,8 @@ mod lease;
 #[cfg(feature = "server")]
 mod listen;
 #[cfg(feature = "server")]
+mod metrics;
+#[cfg(feature = "server")]
 mod pipe;
 #[cfg(feature = "server")]
 mod range_budget;
@@ -103,6 +105,9 @@ pub struct ServeConfig {
     /// `https://` client URLs (and needed by them). Replaced files are served to new
     /// connections without a restart.
     pub client_tls: Option<cairn_transport::TlsFiles>,
+    /// `http://host:port` URLs that serve only `/metrics` and `/health`, in plain HTTP
+    /// (etcd's `--listen-metrics-urls`); the client URLs serve `/metrics` too.
+    pub listen_metrics_urls: Vec<String>,
 }
 
 /// The Common Name of the certificate a client presented, once the client listener verified it
@@ -206,6 +211,14 @@ pub async fn serve(
         ))
         .layer(tower::util::MapResponseLayer::new(range_budget::hold_until_sent));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
+    let mut metrics_listeners = Vec::new();
+    for url in &cfg.listen_metrics_urls {
+        let addr = parse_url(url).map_err(anyhow::Error::msg)?;
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("--listen-metrics-urls: listen on {addr}: {e}"))?;
+        metrics_listeners.push((addr, listener));
+    }
     let mut listeners = Vec::new();
     for (addr, url) in addrs.into_iter().zip(&cfg.listen_client_urls) {
         let listener = tokio::net::TcpListener::bind(addr)
@@ -230,6 +243,16 @@ pub async fn serve(
             conns.clone(),
             tls,
         )));
+    }
+    for (addr, listener) in metrics_listeners {
+        eprintln!("cairn: serving /metrics and /health on http://{addr}");
+        let stopped = streams::stopped(stop_rx.clone());
+        let app = http::metrics_routes(engine.clone());
+        servers.push(tokio::spawn(async move {
+            if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stopped).await {
+                tracing::warn!("the metrics listener on {addr} failed: {e}");
+            }
+        }));
     }
     // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
     // the reason, so a supervisor restarts it and the WAL replays.

@@ -1,6 +1,7 @@
 //! The `cairn` binary.
 
 mod cli;
+mod config_file;
 
 use std::path::PathBuf;
 
@@ -131,6 +132,24 @@ struct ServeArgs {
     #[arg(long, default_value = "info",
         value_parser = ["debug", "info", "warn", "error", "panic", "fatal"])]
     log_level: String,
+    /// How log lines are written: `text` (etcd 3.6 calls it `console`) or `json`, one object
+    /// per line with etcd's `level`, `ts` and `msg`-like fields.
+    #[arg(long, default_value = "text", value_parser = ["text", "console", "json"])]
+    log_format: String,
+    /// Where log lines go: `stderr` (or etcd's `default`), `stdout`, or a file, appended to.
+    #[arg(long, default_value = "stderr")]
+    log_outputs: String,
+    /// etcd's logger choice; etcd 3.5 has only `zap`, and cairn's is always structured.
+    #[arg(long, default_value = "zap", value_parser = ["zap"])]
+    logger: String,
+    /// URLs to serve `/metrics` and `/health` on in plain HTTP (comma-separated), besides the
+    /// client URLs, which serve `/metrics` too.
+    #[arg(long, value_delimiter = ',')]
+    listen_metrics_urls: Vec<String>,
+    /// A YAML file in etcd's configuration format (keys named as the flags). Environment
+    /// variables (`ETCD_NAME`, `CAIRN_NAME`, ...) override it, and flags override both.
+    #[arg(long)]
+    config_file: Option<PathBuf>,
     #[command(flatten)]
     tls: TlsArgs,
 }
@@ -208,6 +227,10 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         &t.peer_trusted_ca_file,
         t.peer_client_cert_auth,
     )?;
+    let listen_metrics_urls = cli::listen_addrs("listen-metrics-urls", &a.listen_metrics_urls)?
+        .iter()
+        .map(|addr| format!("http://{addr}"))
+        .collect();
     let mut engine = EngineConfig::new(&a.name, &a.data_dir);
     engine.tick_interval = std::time::Duration::from_millis(a.heartbeat_interval);
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
@@ -256,6 +279,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         max_client_conns: a.max_client_conns,
         max_range_bytes_in_flight: a.max_range_bytes_in_flight,
         client_tls,
+        listen_metrics_urls,
     })
 }
 
@@ -338,8 +362,66 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
     Ok(cairn_bench::print(&report, output, precise)?)
 }
 
+/// The command line with `--config-file` and the environment's settings put in, parsed.
+fn parse_args() -> (Cli, Vec<String>) {
+    use clap::CommandFactory;
+    let cmd = Cli::command();
+    let known: Vec<String> = cmd
+        .get_arguments()
+        .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().unwrap_or_default()))
+        .map(str::to_string)
+        .collect();
+    // Variables whose name or value is not UTF-8 are nobody's settings.
+    let env = std::env::vars_os()
+        .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
+    let args = std::env::args_os().collect();
+    match config_file::expand(args, env, &known, cli::ETCD_FLAGS) {
+        Ok(e) => (cli::parse_from(e.args).unwrap_or_else(|e| e.exit()), e.ignored),
+        Err(e) => {
+            let err = clap::Error::raw(clap::error::ErrorKind::InvalidValue, format!("{e}\n"));
+            err.with_cmd(&cmd).exit()
+        }
+    }
+}
+
+/// Starts the log as `--log-format`, `--log-outputs` and `--log-level` say.
+fn init_logging(a: &ServeArgs) -> Result<()> {
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
+    let (writer, terminal) = match a.log_outputs.as_str() {
+        "stderr" | "default" => (
+            BoxMakeWriter::new(std::io::stderr),
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        ),
+        "stdout" => (
+            BoxMakeWriter::new(std::io::stdout),
+            std::io::IsTerminal::is_terminal(&std::io::stdout()),
+        ),
+        many if many.contains(',') => {
+            anyhow::bail!("--log-outputs {many}: cairn writes its log to one output")
+        }
+        path => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| anyhow::anyhow!("--log-outputs {path}: {e}"))?;
+            (BoxMakeWriter::new(std::sync::Arc::new(file)), false)
+        }
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_writer(writer)
+        .with_max_level(log_filter(&a.log_level))
+        .with_target(false);
+    if a.log_format == "json" {
+        builder.json().flatten_event(true).init();
+    } else {
+        builder.with_ansi(terminal).init();
+    }
+    Ok(())
+}
+
 fn main() -> Result<()> {
-    let cli: Cli = cli::parse();
+    let (cli, ignored) = parse_args();
     let args = match cli.command {
         Some(Cmd::Serve(a)) => *a,
         Some(Cmd::Bench(b)) => return bench(b),
@@ -347,22 +429,23 @@ fn main() -> Result<()> {
         Some(Cmd::Snapshot(c)) => return snapshot_cmd::run(c),
         None => cli.serve,
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(log_filter(&args.log_level))
-        .with_target(false)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+    init_logging(&args)?;
+    for var in ignored {
+        tracing::warn!("unrecognized environment variable {var}, ignored");
+    }
     let threads = args.client_threads;
     let cfg = serve_config(args)?;
     let rt = server_runtime(threads)?;
     rt.block_on(check_listeners(&cfg))?;
     let new_dir = cli::NewDataDir::before_start(&cfg.engine.data_dir);
     let served = rt.block_on(cairn::serve(cfg, shutdown_signal()));
-    if let Err(e) = &served {
-        new_dir.remove_after_failed_open(e);
+    if let Err(e) = served {
+        new_dir.remove_after_failed_open(&e);
+        // One log line for the stop (a fail-stop's cause), in the log's format, not anyhow's.
+        tracing::error!("{e:#}");
+        std::process::exit(1);
     }
-    served
+    Ok(())
 }
 
 /// The server's runtime. Each gRPC stream runs as its own task, and a finishing stream wakes its

@@ -8,6 +8,7 @@
 
 use std::collections::VecDeque;
 use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::convert::kv_pb;
 use crate::errors::status;
+use crate::metrics::{WatchStats, GRPC, WATCH};
 use crate::pipe::{pipe, Sender};
 use crate::services::Ctx;
 
@@ -54,6 +56,7 @@ impl wpb::watch_server::Watch for Ctx {
             ended: None,
             outbox: Vec::new(),
             tx,
+            watchers: 0,
         });
         let stopping = self.stopping.clone();
         tokio::spawn(stream.serve(self.watch_progress_interval, stopping));
@@ -91,6 +94,8 @@ struct Served {
     /// Responses encoded and waiting for room in the channel, last first.
     outbox: Vec<wpb::WatchResponse>,
     tx: Sender<Reply>,
+    /// Watchers as last added to the process' gauge (`metrics::WATCH`).
+    watchers: u32,
 }
 
 impl Served {
@@ -110,6 +115,8 @@ impl Served {
         // Progress notices need a timer only once a watcher asks for them; a zero interval
         // turns them off.
         let mut ticker: Option<tokio::time::Interval> = None;
+        WatchStats::add(&WATCH.streams, 1);
+        let counts = GRPC.of("etcdserverpb.Watch", "Watch");
         // The loop only decides; the last reply is sent after it, so that the future does not
         // hold the send's state beside the loop's (an idle stream's task is mostly this state).
         let last = loop {
@@ -140,7 +147,10 @@ impl Served {
             };
             match turn {
                 Turn::Stopping => break Some(Last::Stopped),
-                Turn::Read(Ok(Some(req))) => self.read.push_back(req),
+                Turn::Read(Ok(Some(req))) => {
+                    counts.received();
+                    self.read.push_back(req)
+                }
                 Turn::Read(Ok(None)) => self.ended = Some(Box::new(Ok(()))),
                 Turn::Read(Err(e)) => self.ended = Some(Box::new(Err(e))),
                 Turn::Ready(ready) => {
@@ -148,8 +158,12 @@ impl Served {
                     if ready.and_then(|()| self.tx.push(reply)).is_err() {
                         break None;
                     }
+                    counts.sent();
                 }
                 Turn::Reply(Ok(reply)) => {
+                    WATCH.events_sent.fetch_add(reply.events.len() as u64, Ordering::Relaxed);
+                    // A reply may cancel watchers (compaction, a refused create).
+                    self.recount_watchers();
                     // Replaced, not extended: an idle stream keeps no spare capacity.
                     self.outbox = encode(&self.engine, reply);
                     self.outbox.reverse();
@@ -158,6 +172,8 @@ impl Served {
                 Turn::Tick => self.ws.progress_tick(),
             }
         };
+        WatchStats::add(&WATCH.streams, -1);
+        WatchStats::add(&WATCH.watchers, -i64::from(self.watchers));
         match last {
             None => {}
             Some(Last::Error(e)) => {
@@ -174,6 +190,15 @@ impl Served {
         }
     }
 
+    /// Brings the process' watcher gauge up to this stream's count.
+    fn recount_watchers(&mut self) {
+        let now = u32::try_from(self.ws.len()).unwrap_or(u32::MAX);
+        if now != self.watchers {
+            WatchStats::add(&WATCH.watchers, i64::from(now) - i64::from(self.watchers));
+            self.watchers = now;
+        }
+    }
+
     /// Handles the next request read, if no replies wait. `Err` once the stream must end:
     /// with the status to send, if the client's side failed.
     fn handle_read(&mut self) -> Result<(), Option<Status>> {
@@ -182,6 +207,7 @@ impl Served {
         }
         if let Some(req) = self.read.pop_front() {
             handle(&mut self.ws, req);
+            self.recount_watchers();
             if self.read.is_empty() {
                 // An idle stream keeps no queue (requests are rare next to replies).
                 self.read = VecDeque::new();

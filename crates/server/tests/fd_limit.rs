@@ -36,6 +36,7 @@ fn fd_child_server() {
         max_client_conns: 0,
         max_range_bytes_in_flight: 0,
         client_tls: None,
+        listen_metrics_urls: vec![],
     };
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");

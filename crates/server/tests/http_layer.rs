@@ -98,7 +98,7 @@ async fn version_answers_as_etcd_does_with_cairns_own_version() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_paths_get_a_text_404() {
     let s = server("notfound").await;
-    for path in ["/metrics", "/versoin", "/", "/etcdserverpb.KV"] {
+    for path in ["/metricz", "/versoin", "/", "/etcdserverpb.KV"] {
         let (status, ct, body) = http1(s.port, "GET", path, "", b"").await;
         assert_eq!(status, 404, "{path}: {body}");
         assert!(ct.starts_with("text/plain"), "{path}: {ct}");

@@ -27,6 +27,7 @@ pub(crate) struct Acceptor {
     pub(crate) max_frame_bytes: u32,
     pub(crate) max_snapshot_bytes: u32,
     pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) traffic: Arc<crate::PeerTraffic>,
 }
 
 /// Why an incoming peer connection ended early.
@@ -174,10 +175,12 @@ impl Acceptor {
         mut conn: S,
         from: NodeId,
     ) -> Result<(), InboundError> {
+        let received = self.traffic.peer(from);
         loop {
-            let Some(payload) = read_frame(&mut conn, self.max_frame_bytes).await? else {
+            let Some((payload, bytes)) = read_frame(&mut conn, self.max_frame_bytes).await? else {
                 return Ok(());
             };
+            crate::PeerBytes::add(&received.received, bytes);
             for msg in payload? {
                 if msg.from != from || msg.to != self.local {
                     return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
@@ -193,9 +196,10 @@ impl Acceptor {
         mut conn: S,
         from: NodeId,
     ) -> Result<(), InboundError> {
-        let Some(msgs) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
+        let Some((msgs, bytes)) = read_frame(&mut conn, self.max_snapshot_bytes).await? else {
             return Ok(());
         };
+        crate::PeerBytes::add(&self.traffic.peer(from).received, bytes);
         let mut msgs = msgs?;
         let msg = match (msgs.pop(), msgs.is_empty()) {
             (Some(m), true) if matches!(m.body, MessageBody::Snapshot { .. }) => m,
@@ -212,12 +216,13 @@ impl Acceptor {
 
 type Batch = Result<Vec<cairn_raft::Message>, DecodeError>;
 
-/// Reads one frame and decodes it; `None` when the caller hung up between frames. Memory grows
-/// with the bytes that actually arrive, never with what a header claims.
+/// Reads one frame and decodes it, with the bytes it took; `None` when the caller hung up
+/// between frames. Memory grows with the bytes that actually arrive, never with what a header
+/// claims.
 async fn read_frame<S: AsyncRead + Unpin>(
     conn: &mut S,
     max: u32,
-) -> Result<Option<Batch>, InboundError> {
+) -> Result<Option<(Batch, usize)>, InboundError> {
     let mut header = [0u8; codec::FRAME_HEADER_LEN];
     match conn.read_exact(&mut header).await {
         Ok(_) => {}
@@ -230,7 +235,7 @@ async fn read_frame<S: AsyncRead + Unpin>(
     if got != len as usize {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
-    Ok(Some(codec::decode_batch(Bytes::from(payload), crc)))
+    Ok(Some((codec::decode_batch(Bytes::from(payload), crc), header.len() + got)))
 }
 
 async fn reply<S: AsyncWrite + Unpin>(

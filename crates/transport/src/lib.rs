@@ -98,6 +98,44 @@ pub struct TransportConfig {
     pub max_frame_bytes: u32,
     /// Largest snapshot frame accepted from a peer.
     pub max_snapshot_bytes: u32,
+    /// Where bytes to and from each peer are counted.
+    pub traffic: Arc<PeerTraffic>,
+}
+
+/// Bytes sent to and received from each peer, as frames are written and read (etcd's
+/// `etcd_network_peer_sent_bytes_total` and `_received_bytes_total`). A connection looks its
+/// peer's counters up once; each frame then costs an atomic add.
+#[derive(Debug, Default)]
+pub struct PeerTraffic {
+    peers: std::sync::Mutex<BTreeMap<NodeId, Arc<PeerBytes>>>,
+}
+
+/// One peer's byte counts.
+#[derive(Debug, Default)]
+pub struct PeerBytes {
+    pub sent: std::sync::atomic::AtomicU64,
+    pub received: std::sync::atomic::AtomicU64,
+}
+
+impl PeerBytes {
+    pub(crate) fn add(counter: &std::sync::atomic::AtomicU64, n: usize) {
+        counter.fetch_add(n as u64, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl PeerTraffic {
+    /// `id`'s counters, created at its first use.
+    pub fn peer(&self, id: NodeId) -> Arc<PeerBytes> {
+        let mut peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.entry(id).or_default().clone()
+    }
+
+    /// (peer, bytes sent, bytes received) for every peer seen.
+    pub fn totals(&self) -> Vec<(NodeId, u64, u64)> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        peers.iter().map(|(id, b)| (*id, b.sent.load(Relaxed), b.received.load(Relaxed))).collect()
+    }
 }
 
 impl TransportConfig {
@@ -111,6 +149,7 @@ impl TransportConfig {
             queue_len: 4096,
             max_frame_bytes: 64 << 20,
             max_snapshot_bytes: u32::MAX,
+            traffic: Arc::default(),
         }
     }
 }
@@ -144,6 +183,7 @@ impl Transport {
             max_frame_bytes: cfg.max_frame_bytes,
             max_snapshot_bytes: cfg.max_snapshot_bytes,
             sink: sink.clone(),
+            traffic: cfg.traffic.clone(),
         };
         let _guard = runtime.enter();
         let accept = Arc::new(accept);
@@ -152,7 +192,12 @@ impl Transport {
             let socket = tokio::net::TcpListener::from_std(l.socket)?;
             runtime.spawn(accept.clone().serve(socket, l.tls));
         }
-        let link = outbound::Link { cluster_id: cfg.cluster_id, local: cfg.local, sink };
+        let link = outbound::Link {
+            cluster_id: cfg.cluster_id,
+            local: cfg.local,
+            sink,
+            traffic: cfg.traffic.clone(),
+        };
         let mut peers = BTreeMap::new();
         for (id, addrs) in &cfg.peers {
             let peer = outbound::Peer::spawn(&runtime, &link, *id, addrs.clone(), cfg.queue_len);

@@ -57,6 +57,7 @@ pub(crate) struct Link {
     pub(crate) cluster_id: u64,
     pub(crate) local: NodeId,
     pub(crate) sink: Arc<dyn Sink>,
+    pub(crate) traffic: Arc<crate::PeerTraffic>,
 }
 
 /// Why a connection to a peer failed.
@@ -115,7 +116,9 @@ impl Peer {
     ) -> Peer {
         let (tx, rx) = mpsc::channel(queue_len.max(1));
         let reported = Arc::new(AtomicBool::new(false));
-        let writer = Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone() };
+        let sent = link.traffic.peer(id);
+        let writer =
+            Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone(), sent };
         rt.spawn(writer.run());
         Peer { id, tx, reported, sink: link.sink.clone() }
     }
@@ -139,6 +142,7 @@ struct Writer {
     addrs: Vec<PeerAddr>,
     rx: mpsc::Receiver<Message>,
     reported: Arc<AtomicBool>,
+    sent: Arc<crate::PeerBytes>,
 }
 
 impl Writer {
@@ -206,6 +210,7 @@ impl Writer {
             conn.write_all(&buf).await?;
             // rustls may hold the last record until flushed; a no-op on a bare socket.
             conn.flush().await?;
+            crate::PeerBytes::add(&self.sent.sent, buf.len());
             self.reported.store(false, Ordering::Relaxed);
             if buf.capacity() > 4 << 20 {
                 // A burst of large appends should not pin its buffer for the connection's life.
@@ -338,10 +343,15 @@ async fn send_snapshot(link: &Link, addrs: &[PeerAddr], msg: Message) -> Result<
     let to = msg.to;
     codec::encode_batch(std::slice::from_ref(&msg), &mut buf);
     drop(msg);
-    match dial(link, to, addrs, StreamKind::Snapshot).await? {
+    let bytes = buf.len();
+    let delivered = match dial(link, to, addrs, StreamKind::Snapshot).await? {
         Conn::Plain(c) => deliver_snapshot(c, buf).await,
         Conn::Tls(c) => deliver_snapshot(*c, buf).await,
+    };
+    if delivered.is_ok() {
+        crate::PeerBytes::add(&link.traffic.peer(to).sent, bytes);
     }
+    delivered
 }
 
 async fn deliver_snapshot<S: AsyncRead + AsyncWrite + Unpin>(

@@ -148,6 +148,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             (Command::LeaseCheckpoint { checkpoints }, Ok(_)) => {
                 self.lessor_checkpointed(checkpoints)
             }
+            // One line per compaction, as etcd logs it (every member applies it).
+            (Command::Compact(c), Ok(_)) => {
+                tracing::info!(revision = %c.revision, physical = c.physical, "compacted the store")
+            }
             _ => {}
         }
     }
@@ -187,6 +191,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             }
             self.proposal_index.remove(&index);
             if let Some(p) = self.proposals.take(&id) {
+                self.count_failed(1);
                 self.work.answers.push((p.token, Err(EngineError::LeaderChanged)));
             }
         }

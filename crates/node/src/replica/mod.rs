@@ -342,6 +342,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.raft.tick();
         let term = self.raft.term();
         for p in self.proposals.expire(self.ticks) {
+            self.count_failed(1);
             let err = if p.term == term {
                 EngineError::Timeout
             } else {
@@ -484,6 +485,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 }
             }
             Err(e) => {
+                self.count_failed(incoming.len());
                 let err = match e {
                     ProposeError::LeaderTransferring => EngineError::LeaderTransfer,
                     _ => EngineError::NoLeader,
@@ -497,6 +499,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// Answers every waiting caller with `err` (the replica is stopping).
     pub fn fail_all(&mut self, err: &EngineError) {
+        self.count_failed(self.incoming.len() + self.proposals.len());
         for (_, _, token) in self.incoming.drain(..) {
             self.work.answers.push((token, Err(err.clone())));
         }
@@ -513,6 +516,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.fail_renewals(err);
         self.proposal_index.clear();
         self.reads_at.clear();
+    }
+
+    /// Counts proposals that will never commit (etcd's `proposals_failed_total`).
+    fn count_failed(&self, n: usize) {
+        if let Some(m) = &self.cfg.metrics {
+            crate::metrics::EngineMetrics::add(&m.proposals_failed, n as u64);
+        }
     }
 
     // ---- Outputs and queries ----

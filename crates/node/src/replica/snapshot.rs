@@ -127,6 +127,14 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
+        tracing::info!(
+            index = meta.index.0,
+            term = meta.term.0,
+            "installed a snapshot from the leader"
+        );
+        if let Some(m) = &self.cfg.metrics {
+            crate::metrics::EngineMetrics::add(&m.snapshots_installed, 1);
+        }
         self.store_durable = meta.index;
         // The image brought the cluster's attributes for this member, whatever they are.
         self.unsettle_publisher();
@@ -158,6 +166,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.wal.save_compaction(&meta)?;
         self.wal.sync()?;
         self.wal.compact(meta.index)?;
+        if let Some(m) = &self.cfg.metrics {
+            crate::metrics::EngineMetrics::add(&m.log_compactions, 1);
+        }
         if self.cfg.observe {
             self.work.observed.push(Observed::Compacted(meta));
         }

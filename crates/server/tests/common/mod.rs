@@ -39,6 +39,7 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
         max_client_conns: 0,
         max_range_bytes_in_flight: 0,
         client_tls: None,
+        listen_metrics_urls: vec![],
     };
     tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
