@@ -25,7 +25,7 @@ mod image;
 
 pub use events::History;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
@@ -33,7 +33,8 @@ use crate::exec::{Exec, Reader};
 use crate::index::{Index, IndexEntry};
 use crate::lease::LeaseTable;
 use crate::types::{
-    Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision, RevisionId,
+    AlarmMember, Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision,
+    RevisionId,
 };
 use crate::types::{Lease, LeaseId};
 use crate::watch::{EventRing, RevisionEvents, RING_BYTES};
@@ -67,6 +68,8 @@ struct Inner {
     ring: EventRing,
     /// Every lease and the keys it holds, as executed.
     leases: LeaseTable,
+    /// Every raised alarm, as executed.
+    alarms: BTreeSet<AlarmMember>,
 }
 
 impl Inner {
@@ -76,6 +79,7 @@ impl Inner {
         mut index: Index,
         members: BTreeMap<u64, MemberAttributes>,
         leases: BTreeMap<LeaseId, Lease>,
+        alarms: BTreeSet<AlarmMember>,
         meta: Meta,
         epoch: u64,
     ) -> Inner {
@@ -98,6 +102,7 @@ impl Inner {
             members,
             ring: EventRing::new(RING_BYTES),
             leases,
+            alarms,
         }
     }
 }
@@ -139,12 +144,13 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let (meta, members, leases);
+        let (meta, members, leases, alarms);
         {
             let view = backend.view()?;
             meta = view.meta()?;
             members = view.members()?;
             leases = view.leases()?;
+            alarms = view.alarms()?;
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -158,7 +164,7 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, members, leases, meta, 0);
+        let inner = Inner::new(index, members, leases, alarms, meta, 0);
         Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
     }
 
@@ -239,6 +245,11 @@ impl<B: Backend> Store<B> {
         self.read().members.clone()
     }
 
+    /// Every raised alarm, as executed.
+    pub fn alarms(&self) -> BTreeSet<AlarmMember> {
+        self.read().alarms.clone()
+    }
+
     /// One member's published attributes, as executed.
     pub fn member(&self, id: u64) -> Option<MemberAttributes> {
         self.read().members.get(&id).cloned()
@@ -296,6 +307,7 @@ impl<B: Backend> Store<B> {
             members: &mut inner.members,
             events: Vec::new(),
             leases: &mut inner.leases,
+            alarms: &mut inner.alarms,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
         inner.unflushed = std::mem::take(&mut exec.pending);
@@ -344,6 +356,9 @@ impl<B: Backend> Store<B> {
             batch.deletes.extend(p.batch.deletes);
             batch.members.extend(p.batch.members);
             batch.leases.extend(p.batch.leases);
+            if p.batch.alarms.is_some() {
+                batch.alarms = p.batch.alarms;
+            }
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;

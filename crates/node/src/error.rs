@@ -47,8 +47,12 @@ pub enum EngineError {
     Watch(cairn_kv::watch::group::CreateError),
     /// A reply did not match its request: a bug, reported rather than hidden.
     Internal(&'static str),
-    /// The database reached `--quota-backend-bytes` (etcd's `ErrNoSpace`).
+    /// The database reached `--quota-backend-bytes`, or a NOSPACE alarm is raised (etcd's
+    /// `ErrNoSpace`).
     NoSpace,
+    /// A CORRUPT alarm is raised: members disagree on their data, and writes are refused until
+    /// an operator clears it (etcd's `ErrCorrupt`).
+    Corrupt,
 }
 
 /// Why the engine stopped serving.
@@ -197,6 +201,7 @@ impl EngineError {
             EngineError::Watch(e) => e.reason().into(),
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
             EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
+            EngineError::Corrupt => "etcdserver: corrupt cluster".into(),
         }
     }
 
@@ -212,6 +217,7 @@ impl EngineError {
                 | EngineError::Open(_)
                 | EngineError::Watch(_)
                 | EngineError::NoSpace
+                | EngineError::Corrupt
         )
     }
 }

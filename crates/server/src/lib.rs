@@ -19,6 +19,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "server")]
+mod alarm;
+#[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
 mod coalesce;

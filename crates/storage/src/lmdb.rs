@@ -10,16 +10,19 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use cairn_kv::backend::{
-    decode_lease, parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta,
-    Record, WriteBatch,
+    decode_alarms, decode_lease, parse_revision_key, revision_key, Backend, BackendError,
+    BackendView, Meta, Record, WriteBatch,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use cairn_kv::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
+use cairn_kv::{AlarmMember, Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 use heed::types::Bytes as Raw;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 const META_KEY: &[u8] = b"meta";
+/// The raised alarms ([`cairn_kv::backend::encode_alarms`]), in the meta database beside the
+/// meta record.
+const ALARMS_KEY: &[u8] = b"alarms";
 
 /// An LMDB failure: what was being done, and where (the directory for a failure to open, the
 /// database file for a failed write).
@@ -231,6 +234,9 @@ impl Backend for LmdbBackend {
                 .map_err(err("put member"))?;
         }
         self.write_leases(&mut wtxn, &batch)?;
+        if let Some(a) = &batch.alarms {
+            self.meta.put(&mut wtxn, ALARMS_KEY, a).map_err(err("put alarms"))?;
+        }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -253,6 +259,9 @@ impl Backend for LmdbBackend {
                 .map_err(err("put member"))?;
         }
         self.write_leases(&mut wtxn, &batch)?;
+        if let Some(a) = &batch.alarms {
+            self.meta.put(&mut wtxn, ALARMS_KEY, a).map_err(err("put alarms"))?;
+        }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -309,6 +318,13 @@ impl BackendView for LmdbView<'_> {
             out.insert(u64::from_be_bytes(id), MemberAttributes::decode(v)?);
         }
         Ok(out)
+    }
+
+    fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
+        match self.meta.get(&self.txn, ALARMS_KEY).map_err(err("get alarms"))? {
+            Some(raw) => decode_alarms(raw),
+            None => Ok(BTreeSet::new()),
+        }
     }
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {

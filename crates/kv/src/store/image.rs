@@ -105,7 +105,9 @@ impl<B: Backend> Store<B> {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let mut installed = Inner::new(index, members, leases, meta, inner.epoch + 1);
+            // Images do not carry alarms: the member keeps its own (see ARCHITECTURE.md).
+            let alarms = std::mem::take(&mut inner.alarms);
+            let mut installed = Inner::new(index, members, leases, alarms, meta, inner.epoch + 1);
             // The revisions between the old state and the image have no events here: watchers
             // read them from the image's history (or are canceled if it is compacted).
             installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());
