@@ -53,6 +53,8 @@ pub enum EngineError {
     /// A CORRUPT alarm is raised: members disagree on their data, and writes are refused until
     /// an operator clears it (etcd's `ErrCorrupt`).
     Corrupt,
+    /// A defragmentation failed; the database is as it was before.
+    Defragment(BackendError),
 }
 
 /// Why the engine stopped serving.
@@ -202,6 +204,7 @@ impl EngineError {
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
             EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
             EngineError::Corrupt => "etcdserver: corrupt cluster".into(),
+            EngineError::Defragment(e) => format!("cairn: defragmentation failed: {e}"),
         }
     }
 
@@ -218,6 +221,7 @@ impl EngineError {
                 | EngineError::Watch(_)
                 | EngineError::NoSpace
                 | EngineError::Corrupt
+                | EngineError::Defragment(_)
         )
     }
 }

@@ -35,6 +35,8 @@ pub fn status(e: EngineError) -> Status {
         EngineError::LeaderTransfer | EngineError::LeaderTransferTimeout => Code::Unknown,
         EngineError::NoSpace => Code::ResourceExhausted,
         EngineError::Corrupt => Code::DataLoss,
+        // etcd passes a failed defragmentation's error through as it is.
+        EngineError::Defragment(_) => Code::Unknown,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
         _ => Code::Internal,
     };

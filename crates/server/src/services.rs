@@ -147,14 +147,17 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         _: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        Err(not_yet("Maintenance.Defragment"))
+        self.engine.defragment().await.map_err(status)?;
+        let rev = self.engine.revision();
+        Ok(Response::new(pb::DefragmentResponse { header: self.header().at(rev) }))
     }
 
     async fn hash(
         &self,
         _: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
-        Err(not_yet("Maintenance.Hash"))
+        let (hash, rev) = self.engine.hash().map_err(status)?;
+        Ok(Response::new(pb::HashResponse { header: self.header().at(rev), hash }))
     }
 
     async fn hash_kv(

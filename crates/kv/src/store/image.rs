@@ -140,4 +140,40 @@ impl<B: Backend> Store<B> {
         capture.visit(|rev, record| hasher.write(rev, record))?;
         Ok(KvHash { hash: hasher.finish(), revision: hashed, compact_revision: compacted })
     }
+
+    /// cairn's `Maintenance.Hash`: a CRC-32C of every record the backend holds, as etcd's is
+    /// of its whole backend. In order: each history record (its 12-byte revision key, then
+    /// its encoding), each member's attributes (id, then encoding), each lease (id, then
+    /// encoding) and the raised alarms; the meta record (applied index, revisions) is left out,
+    /// as etcd leaves out its consistent index, since members commit at different moments.
+    /// Returns the hash and the revision the backend holds.
+    pub fn hash(&self) -> Result<(u32, Revision), BackendError> {
+        let view = self.backend.view()?;
+        let mut crc = 0u32;
+        let mut buf = Vec::new();
+        view.scan(RevisionId::default(), &mut |rev, record| {
+            buf.clear();
+            buf.extend_from_slice(&crate::backend::revision_key(rev));
+            record.encode_into(&mut buf);
+            crc = crc32c::crc32c_append(crc, &buf);
+            true
+        })?;
+        for (id, a) in view.members()? {
+            crc = crc32c::crc32c_append(crc, &id.to_be_bytes());
+            crc = crc32c::crc32c_append(crc, &a.encode());
+        }
+        for (id, lease) in view.leases()? {
+            crc = crc32c::crc32c_append(crc, &id.0.to_be_bytes());
+            crc = crc32c::crc32c_append(crc, &encode_lease(&lease));
+        }
+        let alarms = crate::backend::encode_alarms(&view.alarms()?);
+        crc = crc32c::crc32c_append(crc, &alarms);
+        Ok((crc, view.meta()?.current))
+    }
+
+    /// Returns the backend's free space to the file system ([`Backend::defragment`]). Reads,
+    /// executions and commits go on meanwhile.
+    pub fn defragment(&self) -> Result<(), BackendError> {
+        self.backend.defragment()
+    }
 }

@@ -117,4 +117,42 @@ impl Engine {
         }
         Err(EngineError::NoSpace)
     }
+
+    /// etcd's `Defragment`: returns the database's free space to the file system. Reads and
+    /// writes go on meanwhile (see `cairn_storage::lmdb`'s defragmentation); returns once the
+    /// smaller file is in place, or with [`EngineError::Defragment`], leaving the old one.
+    pub async fn defragment(&self) -> Result<(), EngineError> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(super::stopped(&self.shared));
+        }
+        let store = self.shared.store.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name(format!("cairn-defrag-{}", self.cfg.name))
+            .spawn(move || {
+                let before = store.size_bytes();
+                let started = std::time::Instant::now();
+                let r = store.defragment();
+                if r.is_ok() {
+                    tracing::info!(
+                        "defragmented in {} ms: {before} bytes before, {} after",
+                        started.elapsed().as_millis(),
+                        store.size_bytes()
+                    );
+                }
+                let _ = tx.send(r);
+            })
+            .map_err(|_| EngineError::Internal("could not start the defragmentation thread"))?;
+        let r = rx.await.map_err(|_| EngineError::Internal("the defragmentation thread died"))?;
+        r.map_err(EngineError::Defragment)
+    }
+
+    /// cairn's `Maintenance.Hash`: a hash of every record this member's database holds, and
+    /// the revision it holds (see `Store::hash` for the definition). Local, as in etcd.
+    pub fn hash(&self) -> Result<(u32, cairn_kv::Revision), EngineError> {
+        if self.shared.failed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(super::stopped(&self.shared));
+        }
+        Ok(self.shared.store.hash().map_err(cairn_kv::KvError::from)?)
+    }
 }
