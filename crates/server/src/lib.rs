@@ -27,6 +27,8 @@ mod coalesce;
 #[cfg(feature = "server")]
 mod convert;
 #[cfg(feature = "server")]
+mod corrupt;
+#[cfg(feature = "server")]
 mod errors;
 #[cfg(feature = "server")]
 mod fdlimit;
@@ -90,6 +92,9 @@ pub struct ServeConfig {
     /// Most client connections open at once (0: as many as the open-file limit allows, less
     /// the descriptors kept for the WAL, database and peers, which bounds any value).
     pub max_client_conns: usize,
+    /// etcd's `--corrupt-check-time`: how often the leader compares members' HashKV (`None`:
+    /// never, etcd's default).
+    pub corrupt_check_interval: Option<std::time::Duration>,
 }
 
 /// Parses `http://host:port` into a socket address. TLS (`https://`) is not served yet.
@@ -167,6 +172,7 @@ pub async fn serve(
     let conns = fdlimit::ConnLimit::for_clients(cfg.max_client_conns, fd_limit)
         .map_err(anyhow::Error::msg)?;
     let mut servers = Vec::new();
+    let checker = cfg.corrupt_check_interval.map(|i| tokio::spawn(corrupt::run(engine.clone(), i)));
     for (addr, listener) in listeners {
         eprintln!("cairn: serving the etcd v3 API on http://{addr}");
         let max_streams = cfg.max_concurrent_streams;
@@ -202,6 +208,9 @@ pub async fn serve(
         }
     }
     let _ = stop_tx.send(true);
+    if let Some(c) = checker {
+        c.abort();
+    }
     for s in servers {
         let _ = s.await;
     }

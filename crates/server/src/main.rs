@@ -27,7 +27,7 @@ struct Cli {
 #[derive(Subcommand)]
 enum Cmd {
     /// Run a cairn member (the default when no command is given).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Benchmark any etcd v3 endpoint (cairn or etcd), or an embedded engine.
     Bench(cairn_bench::BenchArgs),
     /// Work on a stopped member's write-ahead log.
@@ -111,6 +111,11 @@ struct ServeArgs {
     /// the cap, new connections are closed at once. etcd has no such flag.
     #[arg(long, default_value_t = 10_000)]
     max_client_conns: usize,
+    /// How often the leader compares every member's HashKV and raises a CORRUPT alarm for
+    /// one that differs (a Go duration; off unless given, as in etcd).
+    #[arg(long, value_parser = cairn::parse_duration,
+        alias = "experimental-corrupt-check-time")]
+    corrupt_check_time: Option<std::time::Duration>,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -172,6 +177,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         watch_progress_interval: a.watch_progress_notify_interval,
         max_concurrent_streams: a.max_concurrent_streams,
         max_client_conns: a.max_client_conns,
+        corrupt_check_interval: a.corrupt_check_time.filter(|d| !d.is_zero()),
     })
 }
 
@@ -255,7 +261,7 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
 fn main() -> Result<()> {
     let cli: Cli = cli::parse();
     let args = match cli.command {
-        Some(Cmd::Serve(a)) => a,
+        Some(Cmd::Serve(a)) => *a,
         Some(Cmd::Bench(b)) => return bench(b),
         Some(Cmd::Wal(w)) => return wal_cmd::run(w),
         None => cli.serve,

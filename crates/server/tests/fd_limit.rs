@@ -34,6 +34,7 @@ fn fd_child_server() {
         watch_progress_interval: Duration::from_secs(600),
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
+        corrupt_check_interval: None,
     };
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");

@@ -32,6 +32,7 @@ pub async fn server(tag: &str) -> Server {
         watch_progress_interval: Duration::from_secs(600),
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
+        corrupt_check_interval: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
