@@ -6,13 +6,15 @@
 //! id. A [`WriteBatch`] commits records, attributes and meta atomically, which is what lets a
 //! restart replay the Raft log from exactly `applied_index + 1`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use bytes::{Buf, BufMut, Bytes};
 
-use crate::types::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
+use crate::types::{
+    AlarmMember, AlarmType, Lease, LeaseId, MemberAttributes, Revision, RevisionId,
+};
 
 /// A backend failure. The node must stop: the store cannot know what was written.
 #[derive(Clone, Debug)]
@@ -224,7 +226,34 @@ pub struct WriteBatch {
     /// Leases ([`encode_lease`]) by id, each replacing what was stored, or `None` to delete
     /// it; in order, so a later change of the same lease wins.
     pub leases: Vec<(LeaseId, Option<Vec<u8>>)>,
+    /// Every raised alarm ([`encode_alarms`]), replacing what was stored; `None`: unchanged.
+    pub alarms: Option<Vec<u8>>,
     pub meta: Option<Meta>,
+}
+
+/// The raised alarms as stored: `(member u64 | type u8)*` (big endian), in order.
+pub fn encode_alarms(alarms: &BTreeSet<AlarmMember>) -> Vec<u8> {
+    let mut out = Vec::with_capacity(alarms.len() * 9);
+    for a in alarms {
+        out.put_u64(a.member);
+        out.put_u8(a.alarm as u8);
+    }
+    out
+}
+
+pub fn decode_alarms(mut raw: &[u8]) -> Result<BTreeSet<AlarmMember>, BackendError> {
+    if !raw.len().is_multiple_of(9) {
+        return Err(BackendError::Corrupt("alarms cut short"));
+    }
+    let mut out = BTreeSet::new();
+    while !raw.is_empty() {
+        let member = raw.get_u64();
+        let alarm = AlarmType::from_i32(i32::from(raw.get_u8()))
+            .filter(|a| *a != AlarmType::None)
+            .ok_or(BackendError::Corrupt("unknown alarm type"))?;
+        out.insert(AlarmMember { member, alarm });
+    }
+    Ok(out)
 }
 
 /// A lease as stored: `ttl i64 | remaining_ttl i64` (big endian; the id is the key).
@@ -261,6 +290,8 @@ pub trait BackendView {
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError>;
     /// Every lease, by id.
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError>;
+    /// Every raised alarm.
+    fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -271,7 +302,8 @@ pub trait Backend: Send + Sync {
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Replaces the whole history with `batch.puts`, every member's attributes with
-    /// `batch.members` and every lease with `batch.leases`, and sets `batch.meta` (if given), atomically: a reader or a crash sees
+    /// `batch.members` and every lease with `batch.leases`, and sets `batch.alarms` and
+    /// `batch.meta` (those that are given), atomically: a reader or a crash sees
     /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
     /// is ignored. Installing a snapshot image uses it.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
@@ -279,6 +311,12 @@ pub trait Backend: Send + Sync {
     fn sync(&self) -> Result<(), BackendError>;
     /// Approximate bytes used on disk.
     fn size_bytes(&self) -> u64;
+    /// Returns the space of freed pages to the file system, with reads and commits going on
+    /// meanwhile; afterwards the backend holds the same contents. A backend in memory holds no
+    /// freed pages, so by default there is nothing to do.
+    fn defragment(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
 }
 
 /// An in-memory backend, for tests and for an embedded engine that needs no durability.
@@ -292,6 +330,7 @@ struct MemState {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
+    alarms: Vec<u8>,
     meta: Meta,
 }
 
@@ -322,6 +361,9 @@ impl Backend for MemBackend {
         }
         s.members.extend(batch.members);
         apply_leases(&mut s.leases, batch.leases);
+        if let Some(alarms) = batch.alarms {
+            s.alarms = alarms;
+        }
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -334,6 +376,9 @@ impl Backend for MemBackend {
         s.members = batch.members.into_iter().collect();
         s.leases = BTreeMap::new();
         apply_leases(&mut s.leases, batch.leases);
+        if let Some(alarms) = batch.alarms {
+            s.alarms = alarms;
+        }
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -377,6 +422,10 @@ impl BackendView for MemView {
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
         self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
+    }
+
+    fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
+        decode_alarms(&self.0.alarms)
     }
 }
 

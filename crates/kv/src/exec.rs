@@ -33,6 +33,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) compact_to: Option<Revision>,
     /// Every member's published attributes, with this batch's changes.
     pub(crate) members: &'a mut BTreeMap<u64, MemberAttributes>,
+    /// Raised alarms, changed by alarm commands (beside the key space, as members are).
+    pub(crate) alarms: &'a mut std::collections::BTreeSet<crate::types::AlarmMember>,
     /// The events of the command being executed, for watchers.
     pub(crate) events: Vec<Arc<Event>>,
     /// Every lease and the keys it holds, with this batch's changes.
@@ -153,11 +155,31 @@ impl<V: BackendView> Exec<'_, V> {
             Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
             Command::LeaseRevoke { id } => self.lease_revoke(&mut w, *id),
             Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
+            Command::AlarmActivate(a) => Ok(self.alarm(*a, true)),
+            Command::AlarmDeactivate(a) => Ok(self.alarm(*a, false)),
         };
         if w.wrote() {
             self.current = w.rev;
         }
         result
+    }
+
+    /// etcd's alarm apply: activating NONE does nothing; activating answers the alarm even if
+    /// it was raised already; deactivating answers it only if it was raised.
+    fn alarm(&mut self, a: crate::types::AlarmMember, activate: bool) -> CommandResponse {
+        let changed = if activate {
+            if a.alarm == crate::types::AlarmType::None {
+                return CommandResponse::Alarm(None);
+            }
+            self.alarms.insert(a);
+            true
+        } else {
+            self.alarms.remove(&a)
+        };
+        if changed {
+            self.batch.alarms = Some(crate::backend::encode_alarms(self.alarms));
+        }
+        CommandResponse::Alarm(changed.then_some(a))
     }
 
     /// The revision reads see: including this command's writes once it made any.

@@ -21,6 +21,8 @@ pub struct Model {
     members: BTreeMap<u64, MemberAttributes>,
     /// Every lease; the keys it holds are the live keys that name it.
     leases: BTreeMap<LeaseId, Lease>,
+    /// Every raised alarm.
+    alarms: std::collections::BTreeSet<AlarmMember>,
 }
 
 impl Default for Model {
@@ -31,6 +33,7 @@ impl Default for Model {
             history: BTreeMap::new(),
             members: BTreeMap::new(),
             leases: BTreeMap::new(),
+            alarms: std::collections::BTreeSet::new(),
         }
     }
 }
@@ -62,6 +65,11 @@ impl Model {
     /// Every member's published attributes, by member id.
     pub fn members(&self) -> &BTreeMap<u64, MemberAttributes> {
         &self.members
+    }
+
+    /// Every raised alarm.
+    pub fn alarms(&self) -> &std::collections::BTreeSet<AlarmMember> {
+        &self.alarms
     }
 
     /// Every lease, by id.
@@ -227,6 +235,16 @@ impl Model {
                     }
                 }
                 Ok(CommandResponse::LeaseCheckpoint)
+            }
+            Command::AlarmActivate(a) if a.alarm == AlarmType::None => {
+                Ok(CommandResponse::Alarm(None))
+            }
+            Command::AlarmActivate(a) => {
+                scratch.alarms.insert(*a);
+                Ok(CommandResponse::Alarm(Some(*a)))
+            }
+            Command::AlarmDeactivate(a) => {
+                Ok(CommandResponse::Alarm(scratch.alarms.remove(a).then_some(*a)))
             }
         }?;
         if tx.writes > 0 {

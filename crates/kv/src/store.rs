@@ -27,7 +27,7 @@ mod read;
 pub use events::History;
 pub use read::{RangeRead, KV_OVERHEAD_BYTES};
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
@@ -35,7 +35,8 @@ use crate::exec::{Exec, Reader};
 use crate::index::{Index, IndexEntry};
 use crate::lease::LeaseTable;
 use crate::types::{
-    Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision, RevisionId,
+    AlarmMember, Command, CommandResponse, MemberAttributes, RangeRequest, RangeResponse, Revision,
+    RevisionId,
 };
 use crate::types::{Lease, LeaseId};
 use crate::watch::{EventRing, RevisionEvents, RING_BYTES};
@@ -69,6 +70,8 @@ struct Inner {
     ring: EventRing,
     /// Every lease and the keys it holds, as executed.
     leases: LeaseTable,
+    /// Every raised alarm, as executed.
+    alarms: BTreeSet<AlarmMember>,
 }
 
 impl Inner {
@@ -78,6 +81,7 @@ impl Inner {
         mut index: Index,
         members: BTreeMap<u64, MemberAttributes>,
         leases: BTreeMap<LeaseId, Lease>,
+        alarms: BTreeSet<AlarmMember>,
         meta: Meta,
         epoch: u64,
     ) -> Inner {
@@ -100,6 +104,7 @@ impl Inner {
             members,
             ring: EventRing::new(RING_BYTES),
             leases,
+            alarms,
         }
     }
 }
@@ -143,12 +148,13 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let (meta, members, leases);
+        let (meta, members, leases, alarms);
         {
             let view = backend.view()?;
             meta = view.meta()?;
             members = view.members()?;
             leases = view.leases()?;
+            alarms = view.alarms()?;
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -162,7 +168,7 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, members, leases, meta, 0);
+        let inner = Inner::new(index, members, leases, alarms, meta, 0);
         Ok(Store {
             backend,
             inner: RwLock::new(inner),
@@ -253,6 +259,11 @@ impl<B: Backend> Store<B> {
         self.read().members.clone()
     }
 
+    /// Every raised alarm, as executed.
+    pub fn alarms(&self) -> BTreeSet<AlarmMember> {
+        self.read().alarms.clone()
+    }
+
     /// One member's published attributes, as executed.
     pub fn member(&self, id: u64) -> Option<MemberAttributes> {
         self.read().members.get(&id).cloned()
@@ -310,6 +321,7 @@ impl<B: Backend> Store<B> {
             members: &mut inner.members,
             events: Vec::new(),
             leases: &mut inner.leases,
+            alarms: &mut inner.alarms,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
         inner.unflushed = std::mem::take(&mut exec.pending);
@@ -358,6 +370,9 @@ impl<B: Backend> Store<B> {
             batch.deletes.extend(p.batch.deletes);
             batch.members.extend(p.batch.members);
             batch.leases.extend(p.batch.leases);
+            if p.batch.alarms.is_some() {
+                batch.alarms = p.batch.alarms;
+            }
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;

@@ -371,6 +371,48 @@ pub struct Lease {
 /// etcd's largest lease TTL, in seconds (`MaxLeaseTTL`).
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 
+/// etcd's alarm types (`etcdserverpb.AlarmType`), with etcd's numbers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AlarmType {
+    /// No alarm: in a request, every type.
+    None = 0,
+    /// The database reached `--quota-backend-bytes`: writes that add data are refused.
+    NoSpace = 1,
+    /// Members disagree on the hash of the same revision.
+    Corrupt = 2,
+}
+
+impl AlarmType {
+    /// The type with etcd's number `n`, if there is one.
+    pub fn from_i32(n: i32) -> Option<AlarmType> {
+        match n {
+            0 => Some(AlarmType::None),
+            1 => Some(AlarmType::NoSpace),
+            2 => Some(AlarmType::Corrupt),
+            _ => None,
+        }
+    }
+
+    /// etcd's name, as `etcdctl alarm list` and Status show it.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlarmType::None => "NONE",
+            AlarmType::NoSpace => "NOSPACE",
+            AlarmType::Corrupt => "CORRUPT",
+        }
+    }
+}
+
+/// An alarm raised on a member (etcd's `AlarmMember`). Alarms are replicated state kept beside
+/// the key space: no revision, invisible to Range, Watch and HashKV.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AlarmMember {
+    /// The member the alarm is raised for.
+    pub member: u64,
+    /// What it is.
+    pub alarm: AlarmType,
+}
+
 /// A mutating request, as replicated through Raft.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Command {
@@ -408,6 +450,10 @@ pub enum Command {
         /// Each lease's remaining TTL, in seconds.
         checkpoints: Vec<(LeaseId, i64)>,
     },
+    /// Raises an alarm (etcd's `AlarmRequest` ACTIVATE); raising a raised one changes nothing.
+    AlarmActivate(AlarmMember),
+    /// Clears an alarm (etcd's DEACTIVATE); clearing one not raised changes nothing.
+    AlarmDeactivate(AlarmMember),
 }
 
 /// The result of applying a [`Command`].
@@ -437,4 +483,7 @@ pub enum CommandResponse {
     },
     /// The remaining TTLs are recorded (leases gone meanwhile are skipped).
     LeaseCheckpoint,
+    /// The alarm the request changed, as etcd answers: present if it was raised (activate)
+    /// or had been raised (deactivate), absent if the request changed nothing.
+    Alarm(Option<AlarmMember>),
 }

@@ -134,6 +134,15 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
                 w.i64(*remaining);
             }
         }
+        // Alarms take tags 20-29.
+        Command::AlarmActivate(a) => {
+            w.u8(20);
+            alarm(&mut w, a);
+        }
+        Command::AlarmDeactivate(a) => {
+            w.u8(21);
+            alarm(&mut w, a);
+        }
     }
     w.0.into()
 }
@@ -162,12 +171,26 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
                 (0..n).map(|_| Ok((LeaseId(r.i64()?), r.i64()?))).collect::<Result<_, _>>()?;
             Command::LeaseCheckpoint { checkpoints }
         }
+        20 => Command::AlarmActivate(get_alarm(&mut r)?),
+        21 => Command::AlarmDeactivate(get_alarm(&mut r)?),
         _ => return Err(DecodeError("unknown command")),
     };
     if !r.0.is_empty() {
         return Err(DecodeError("trailing bytes"));
     }
     Ok((id, cmd))
+}
+
+/// `member u64 | type u8` (etcd's numbers).
+fn alarm(w: &mut W, a: &AlarmMember) {
+    w.u64(a.member);
+    w.u8(a.alarm as u8);
+}
+
+fn get_alarm(r: &mut R<'_>) -> Result<AlarmMember, DecodeError> {
+    let member = r.u64()?;
+    let alarm = AlarmType::from_i32(i32::from(r.u8()?)).ok_or(DecodeError("bad alarm type"))?;
+    Ok(AlarmMember { member, alarm })
 }
 
 /// `name | count u32 | url*`.

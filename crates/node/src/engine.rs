@@ -2,6 +2,7 @@
 
 mod lease;
 mod range;
+mod maintenance;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 pub use range::RangePlan;
@@ -89,16 +90,6 @@ fn log_recovery(shared: &Shared, replayed: u64, started: Instant) {
         shared.store.current_revision(),
         shared.store.compacted_revision(),
     );
-}
-
-/// Whether a transaction may put (in either branch, at any depth): etcd charges those to the
-/// quota and lets read-only and delete-only ones through.
-fn txn_puts(t: &cairn_kv::TxnRequest) -> bool {
-    t.success.iter().chain(&t.failure).any(|op| match op {
-        cairn_kv::RequestOp::Put(_) => true,
-        cairn_kv::RequestOp::Txn(inner) => txn_puts(inner),
-        _ => false,
-    })
 }
 
 /// A store ahead of the log: a crash between installing a snapshot's image and logging it, or
@@ -359,32 +350,26 @@ impl Engine {
     }
 
     async fn propose(&self, cmd: Command) -> Result<CommandResponse, EngineError> {
-        let id = self.ids.next_id();
         let limits = Limits {
             max_request_bytes: self.cfg.max_request_bytes,
             max_txn_ops: self.cfg.max_txn_ops,
         };
+        let id = self.ids.next_id();
         let data = prepare(id, &cmd, limits)?;
-        self.check_quota(&cmd, data.len())?;
+        self.check_space(&cmd, data.len()).await?;
+        self.propose_prepared(id, data).await
+    }
+
+    /// Proposes a command already checked and encoded under `id`.
+    async fn propose_prepared(
+        &self,
+        id: crate::ids::RequestId,
+        data: bytes::Bytes,
+    ) -> Result<CommandResponse, EngineError> {
         match self.ask(|reply| Input::Propose { id, data, reply }).await? {
             Reply::Command(resp) => Ok(resp),
             _ => Err(EngineError::Internal("a proposal answered as something else")),
         }
-    }
-
-    /// etcd's quota: a request that adds data fails once the database plus the request would
-    /// pass the quota. Deletes, compaction and reads never do, so space can be reclaimed.
-    fn check_quota(&self, cmd: &Command, bytes: usize) -> Result<(), EngineError> {
-        let Some(quota) = self.cfg.quota_backend_bytes else { return Ok(()) };
-        let adds = match cmd {
-            Command::Put(_) | Command::LeaseGrant { .. } => true,
-            Command::Txn(t) => txn_puts(t),
-            _ => false,
-        };
-        if adds && self.shared.store.size_bytes().saturating_add(bytes as u64) >= quota {
-            return Err(EngineError::NoSpace);
-        }
-        Ok(())
     }
 
     /// etcd's `Put`: sets a key's value, in a new revision.
@@ -452,7 +437,7 @@ impl Engine {
     /// The snapshot file of this member's store as it is now, made as it is read: a read view
     /// taken now, encoded piece by piece, so writes go on and memory stays small (see
     /// [`crate::backup`]). Read it on a thread that may block: each piece reads the database.
-    pub fn backup(&self) -> Result<BackupStream<LmdbView<'_>>, EngineError> {
+    pub fn backup(&self) -> Result<BackupStream<LmdbView>, EngineError> {
         if self.shared.failed.load(Ordering::SeqCst) {
             return Err(self.stopped());
         }

@@ -47,8 +47,14 @@ pub enum EngineError {
     Watch(cairn_kv::watch::group::CreateError),
     /// A reply did not match its request: a bug, reported rather than hidden.
     Internal(&'static str),
-    /// The database reached `--quota-backend-bytes` (etcd's `ErrNoSpace`).
+    /// The database reached `--quota-backend-bytes`, or a NOSPACE alarm is raised (etcd's
+    /// `ErrNoSpace`).
     NoSpace,
+    /// A CORRUPT alarm is raised: members disagree on their data, and writes are refused until
+    /// an operator clears it (etcd's `ErrCorrupt`).
+    Corrupt,
+    /// A defragmentation failed; the database is as it was before.
+    Defragment(BackendError),
 }
 
 /// Why the engine stopped serving.
@@ -206,6 +212,8 @@ impl EngineError {
             EngineError::Watch(e) => e.reason().into(),
             EngineError::Internal(what) => format!("cairn: internal error: {what}"),
             EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
+            EngineError::Corrupt => "etcdserver: corrupt cluster".into(),
+            EngineError::Defragment(e) => format!("cairn: defragmentation failed: {e}"),
         }
     }
 
@@ -221,6 +229,8 @@ impl EngineError {
                 | EngineError::Open(_)
                 | EngineError::Watch(_)
                 | EngineError::NoSpace
+                | EngineError::Corrupt
+                | EngineError::Defragment(_)
         )
     }
 }

@@ -33,7 +33,9 @@ pub fn prepare(id: RequestId, cmd: &Command, limits: Limits) -> Result<Bytes, En
         | Command::PublishMember { .. }
         | Command::LeaseGrant { .. }
         | Command::LeaseRevoke { .. }
-        | Command::LeaseCheckpoint { .. } => {}
+        | Command::LeaseCheckpoint { .. }
+        | Command::AlarmActivate(_)
+        | Command::AlarmDeactivate(_) => {}
     }
     let data = crate::command::encode(id.0, cmd);
     if data.len() > limits.max_request_bytes {

@@ -144,6 +144,15 @@ fn command() -> impl Strategy<Value = Command> {
                 attributes: MemberAttributes { name, client_urls },
             }
         ),
+        (any::<u64>(), 0u8..3, any::<bool>()).prop_map(|(member, t, on)| {
+            let alarm = [AlarmType::None, AlarmType::NoSpace, AlarmType::Corrupt][t as usize];
+            let a = AlarmMember { member, alarm };
+            if on {
+                Command::AlarmActivate(a)
+            } else {
+                Command::AlarmDeactivate(a)
+            }
+        }),
     ]
 }
 

@@ -89,3 +89,73 @@ async fn past_the_quota_writes_are_refused_and_everything_else_works() {
     e.stop();
     std::fs::remove_dir_all(&dir).expect("cleans up");
 }
+
+fn nospace(member: u64) -> AlarmMember {
+    AlarmMember { member, alarm: AlarmType::NoSpace }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn past_the_quota_a_nospace_alarm_is_raised_through_the_log_and_disarm_clears_it() {
+    let dir = temp_dir("alarm");
+    let e = Engine::open(config(&dir)).expect("a small quota opens");
+    let me = e.identity().1;
+    let written = fill(&e).await;
+    let raised: Vec<_> = e.alarms().await.expect("lists alarms").into_iter().collect();
+    assert_eq!(raised, [nospace(me)], "the write past the quota raised NOSPACE for this member");
+    assert_eq!(e.raised_alarms().len(), 1);
+    // Deleting everything frees space, but the alarm stays until an operator disarms it.
+    let all = DeleteRangeRequest {
+        key: Bytes::from("k"),
+        range_end: Bytes::from("l"),
+        ..Default::default()
+    };
+    assert_eq!(e.delete_range(all).await.expect("deletes work").deleted, written.len() as i64);
+    let rev = e.revision();
+    e.compact(CompactRequest { revision: rev, physical: true }).await.expect("compaction works");
+    assert_eq!(e.put(put_req("small", "v")).await.map(|_| ()), Err(EngineError::NoSpace));
+    // LMDB keeps the freed pages in its file: only a defragmentation gives them back.
+    let before = e.status().db_size_bytes;
+    e.defragment().await.expect("defragments");
+    let after = e.status().db_size_bytes;
+    assert!(after < before / 2, "the file shrank: {before} -> {after}");
+    assert_eq!(e.alarm_deactivate(nospace(me)).await.expect("disarms"), Some(nospace(me)));
+    assert_eq!(e.alarm_deactivate(nospace(me)).await.expect("disarms"), None, "nothing left");
+    assert!(e.alarms().await.expect("lists").is_empty());
+    e.put(put_req("small", "v")).await.expect("writes work after disarming");
+    assert!(e.alarms().await.expect("lists").is_empty(), "and raise nothing");
+    e.stop();
+    std::fs::remove_dir_all(&dir).expect("cleans up");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn alarms_survive_a_restart_and_refuse_writes_until_cleared() {
+    let dir = temp_dir("restart");
+    let open = || Engine::open(EngineConfig::new("alarms", &dir)).expect("opens");
+    let e = open();
+    let other = nospace(42);
+    let corrupt = AlarmMember { member: 7, alarm: AlarmType::Corrupt };
+    assert_eq!(e.alarm_activate(other).await.expect("raises"), Some(other));
+    assert_eq!(e.alarm_activate(other).await.expect("raises again"), Some(other));
+    let none = AlarmMember { member: 7, alarm: AlarmType::None };
+    assert_eq!(e.alarm_activate(none).await.expect("NONE raises nothing"), None);
+    assert_eq!(e.put(put_req("a", "v")).await.map(|_| ()), Err(EngineError::NoSpace));
+    e.stop();
+    drop(e);
+    let e = open();
+    let raised: Vec<_> = e.alarms().await.expect("lists").into_iter().collect();
+    assert_eq!(raised, [other], "the alarm came back from the store");
+    assert_eq!(e.put(put_req("a", "v")).await.map(|_| ()), Err(EngineError::NoSpace));
+    let del = DeleteRangeRequest { key: Bytes::from("a"), ..Default::default() };
+    e.delete_range(del.clone()).await.expect("deletes pass NOSPACE");
+    assert_eq!(e.revision(), Revision(1), "alarms take no revision");
+    e.alarm_deactivate(other).await.expect("clears");
+    e.put(put_req("a", "v")).await.expect("writes work again");
+    // CORRUPT refuses every write, deletes included, and reads still work.
+    e.alarm_activate(corrupt).await.expect("raises");
+    assert_eq!(e.delete_range(del).await.map(|_| ()), Err(EngineError::Corrupt));
+    assert_eq!(e.get("a").await.expect("reads").map(|kv| kv.value), Some(Bytes::from("v")));
+    e.alarm_deactivate(corrupt).await.expect("clears");
+    e.put(put_req("b", "v")).await.expect("writes work again");
+    e.stop();
+    std::fs::remove_dir_all(&dir).expect("cleans up");
+}

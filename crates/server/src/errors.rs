@@ -35,6 +35,9 @@ pub fn status(e: EngineError) -> Status {
         // the leader transfer timeout) through as unknown errors.
         EngineError::LeaderTransfer | EngineError::LeaderTransferTimeout => Code::Unknown,
         EngineError::NoSpace => Code::ResourceExhausted,
+        EngineError::Corrupt => Code::DataLoss,
+        // etcd passes a failed defragmentation's error through as it is.
+        EngineError::Defragment(_) => Code::Unknown,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
         _ => Code::Internal,
     };
@@ -60,6 +63,13 @@ pub fn not_yet(what: &str) -> Status {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_corrupt_alarm_is_etcds_corrupt() {
+        let s = status(EngineError::Corrupt);
+        assert_eq!(s.code(), Code::DataLoss);
+        assert_eq!(s.message(), "etcdserver: corrupt cluster");
+    }
 
     #[test]
     fn a_full_quota_is_etcds_no_space() {

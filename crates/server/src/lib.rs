@@ -19,11 +19,15 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "server")]
+mod alarm;
+#[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
 mod coalesce;
 #[cfg(feature = "server")]
 mod convert;
+#[cfg(feature = "server")]
+mod corrupt;
 #[cfg(feature = "server")]
 mod errors;
 #[cfg(feature = "server")]
@@ -108,6 +112,9 @@ pub struct ServeConfig {
     /// `http://host:port` URLs that serve only `/metrics` and `/health`, in plain HTTP
     /// (etcd's `--listen-metrics-urls`); the client URLs serve `/metrics` too.
     pub listen_metrics_urls: Vec<String>,
+    /// etcd's `--corrupt-check-time`: how often the leader compares members' HashKV (`None`:
+    /// never, etcd's default).
+    pub corrupt_check_interval: Option<std::time::Duration>,
 }
 
 /// The Common Name of the certificate a client presented, once the client listener verified it
@@ -231,6 +238,7 @@ pub async fn serve(
     let conns = fdlimit::ConnLimit::for_clients(cfg.max_client_conns, fd_limit)
         .map_err(anyhow::Error::msg)?;
     let mut servers = Vec::new();
+    let checker = cfg.corrupt_check_interval.map(|i| tokio::spawn(corrupt::run(engine.clone(), i)));
     for (addr, listener, tls) in listeners {
         let scheme = if tls.is_some() { "https" } else { "http" };
         eprintln!("cairn: serving the etcd v3 API on {scheme}://{addr}");
@@ -278,6 +286,9 @@ pub async fn serve(
         }
     }
     let _ = stop_tx.send(true);
+    if let Some(c) = checker {
+        c.abort();
+    }
     for s in servers {
         let _ = s.await;
     }

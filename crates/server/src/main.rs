@@ -123,6 +123,11 @@ struct ServeArgs {
     /// 10 s. etcd has no such bound.
     #[arg(long, default_value_t = 0)]
     max_range_bytes_in_flight: u64,
+    /// How often the leader compares every member's HashKV and raises a CORRUPT alarm for
+    /// one that differs (a Go duration; off unless given, as in etcd).
+    #[arg(long, value_parser = cairn::parse_duration,
+        alias = "experimental-corrupt-check-time")]
+    corrupt_check_time: Option<std::time::Duration>,
     /// Threads serving client connections (gRPC and HTTP); 0 means half the cores, at least 1,
     /// which leaves the rest to the Raft, WAL and store threads and to neighbours on the host.
     #[arg(long, default_value_t = 0)]
@@ -280,6 +285,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         max_range_bytes_in_flight: a.max_range_bytes_in_flight,
         client_tls,
         listen_metrics_urls,
+        corrupt_check_interval: a.corrupt_check_time.filter(|d| !d.is_zero()),
     })
 }
 

@@ -143,17 +143,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         req: Request<pb::AlarmRequest>,
     ) -> Result<Response<pb::AlarmResponse>, Status> {
-        match pb::alarm_request::AlarmAction::try_from(req.into_inner().action) {
-            // cairn raises no alarms (no space quota yet), so the list is empty.
-            Ok(pb::alarm_request::AlarmAction::Get) => {
-                let rev = self.engine.revision();
-                Ok(Response::new(pb::AlarmResponse {
-                    header: self.header().at(rev),
-                    alarms: vec![],
-                }))
-            }
-            _ => Err(not_yet("alarm activation")),
-        }
+        crate::alarm::alarm(self, req.into_inner()).await
     }
 
     async fn status(
@@ -169,7 +159,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
             raft_index: s.raft_index,
             raft_term: s.raft_term,
             raft_applied_index: s.raft_applied_index,
-            errors: s.failure.iter().map(|e| format!("storage failure: {e}")).collect(),
+            errors: crate::alarm::status_errors(&s, &self.engine.raised_alarms()),
             db_size_in_use: s.db_size_bytes as i64,
             is_learner: false,
             storage_version: "3.6.0".into(),
@@ -181,14 +171,17 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         _: Request<pb::DefragmentRequest>,
     ) -> Result<Response<pb::DefragmentResponse>, Status> {
-        Err(not_yet("Maintenance.Defragment"))
+        self.engine.defragment().await.map_err(status)?;
+        let rev = self.engine.revision();
+        Ok(Response::new(pb::DefragmentResponse { header: self.header().at(rev) }))
     }
 
     async fn hash(
         &self,
         _: Request<pb::HashRequest>,
     ) -> Result<Response<pb::HashResponse>, Status> {
-        Err(not_yet("Maintenance.Hash"))
+        let (hash, rev) = self.engine.hash().map_err(status)?;
+        Ok(Response::new(pb::HashResponse { header: self.header().at(rev), hash }))
     }
 
     async fn hash_kv(

@@ -37,6 +37,7 @@ fn fd_child_server() {
         max_range_bytes_in_flight: 0,
         client_tls: None,
         listen_metrics_urls: vec![],
+        corrupt_check_interval: None,
     };
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");

@@ -7,13 +7,14 @@
 //! the last commit durable. [`SimBackend::crash`] picks one of those outcomes from the seed.
 //! It can also fail a commit on demand, to drive the store's fail-stop path.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cairn_kv::backend::{
-    decode_lease, decode_members, Backend, BackendError, BackendView, Meta, Record, WriteBatch,
+    decode_alarms, decode_lease, decode_members, Backend, BackendError, BackendView, Meta, Record,
+    WriteBatch,
 };
-use cairn_kv::{Lease, LeaseId, MemberAttributes, RevisionId};
+use cairn_kv::{AlarmMember, Lease, LeaseId, MemberAttributes, RevisionId};
 
 use crate::rng::Rng;
 
@@ -22,6 +23,7 @@ struct State {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
+    alarms: Vec<u8>,
     meta: Meta,
 }
 
@@ -33,6 +35,7 @@ enum Undo {
         records: Vec<(RevisionId, Option<Vec<u8>>)>,
         members: Vec<(u64, Option<Vec<u8>>)>,
         leases: Vec<(LeaseId, Option<Vec<u8>>)>,
+        alarms: Vec<u8>,
         meta: Meta,
     },
     /// The commit replaced everything: restore the whole previous state.
@@ -74,7 +77,7 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, members, leases, meta } => {
+            Undo::Changes { records, members, leases, alarms, meta } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
@@ -94,6 +97,7 @@ impl SimBackend {
                         None => state.leases.remove(&id),
                     };
                 }
+                state.alarms = alarms;
                 state.meta = meta;
             }
         }
@@ -150,6 +154,10 @@ impl Backend for SimBackend {
             })
             .collect();
         let old_meta = state.meta;
+        let old_alarms = match batch.alarms {
+            Some(alarms) => std::mem::replace(&mut state.alarms, alarms),
+            None => state.alarms.clone(),
+        };
         if let Some(meta) = batch.meta {
             state.meta = meta;
         }
@@ -157,7 +165,13 @@ impl Backend for SimBackend {
         undo.reverse();
         members.reverse();
         leases.reverse();
-        disk.undo = Some(Undo::Changes { records: undo, members, leases, meta: old_meta });
+        disk.undo = Some(Undo::Changes {
+            records: undo,
+            members,
+            leases,
+            alarms: old_alarms,
+            meta: old_meta,
+        });
         Ok(())
     }
 
@@ -171,7 +185,8 @@ impl Backend for SimBackend {
         let leases =
             batch.leases.into_iter().filter_map(|(id, raw)| raw.map(|raw| (id, raw))).collect();
         let meta = batch.meta.unwrap_or_default();
-        let state = Arc::new(State { records, members, leases, meta });
+        let alarms = batch.alarms.unwrap_or_else(|| disk.state.alarms.clone());
+        let state = Arc::new(State { records, members, leases, alarms, meta });
         let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
@@ -215,5 +230,9 @@ impl BackendView for SimView {
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
         self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
+    }
+
+    fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
+        decode_alarms(&self.0.alarms)
     }
 }

@@ -694,9 +694,11 @@ fn changed_write(result: &WriteResult) -> WriteResult {
         Ok(CommandResponse::LeaseGrant { revision, lease }) => {
             Ok(CommandResponse::LeaseGrant { revision: bump(revision), lease })
         }
-        Ok(CommandResponse::PublishMember | CommandResponse::LeaseCheckpoint) => {
-            Err(KvError::Compacted)
-        }
+        Ok(
+            CommandResponse::PublishMember
+            | CommandResponse::LeaseCheckpoint
+            | CommandResponse::Alarm(_),
+        ) => Err(KvError::Compacted),
         Err(KvError::Compacted) => Err(KvError::FutureRev),
         Err(_) => Err(KvError::Compacted),
     }

@@ -8,18 +8,26 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+mod defrag;
+
+pub use defrag::DefragStep;
 
 use cairn_kv::backend::{
-    decode_lease, parse_revision_key, revision_key, Backend, BackendError, BackendView, Meta,
-    Record, WriteBatch,
+    decode_alarms, decode_lease, parse_revision_key, revision_key, Backend, BackendError,
+    BackendView, Meta, Record, WriteBatch,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
-use cairn_kv::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
+use cairn_kv::{AlarmMember, Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 use heed::types::Bytes as Raw;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 const META_KEY: &[u8] = b"meta";
+/// The raised alarms ([`cairn_kv::backend::encode_alarms`]), in the meta database beside the
+/// meta record.
+const ALARMS_KEY: &[u8] = b"alarms";
 
 /// An LMDB failure: what was being done, and where (the directory for a failure to open, the
 /// database file for a failed write).
@@ -89,6 +97,20 @@ pub fn disk_full(heed: heed::Error, free: Option<u64>) -> heed::Error {
 /// The kv history in an LMDB environment.
 #[derive(Debug)]
 pub struct LmdbBackend {
+    /// The open environment and its databases; a defragmentation swaps in another.
+    cur: RwLock<Arc<Handles>>,
+    /// Held by every commit from start to end. While a defragmentation runs it holds the
+    /// batches committed since its copy began, which it then writes to the copy.
+    journal: Mutex<Option<Vec<Journaled>>>,
+    /// One defragmentation at a time.
+    defragmenting: Mutex<()>,
+    map_size: usize,
+    path: PathBuf,
+}
+
+/// An environment and its databases.
+#[derive(Debug)]
+struct Handles {
     env: Env<WithoutTls>,
     history: Database<Raw, Raw>,
     meta: Database<Raw, Raw>,
@@ -96,16 +118,17 @@ pub struct LmdbBackend {
     members: Database<Raw, Raw>,
     /// Lease id (big-endian i64) to its encoded TTLs.
     leases: Database<Raw, Raw>,
-    path: PathBuf,
 }
 
-impl LmdbBackend {
-    /// Opens (creating if needed) the environment in directory `path`. `map_size` bounds the
-    /// database's size; it is address space, not memory.
-    pub fn open(path: &Path, map_size: usize) -> Result<LmdbBackend, BackendError> {
-        // LMDB creates its files 0600 itself.
-        crate::fs::create_private_dir(path)
-            .map_err(|e| open_err("create directory", path)(heed::Error::Io(e)))?;
+/// A write a defragmentation must repeat on its copy.
+#[derive(Debug)]
+enum Journaled {
+    Commit(WriteBatch),
+    Replace(WriteBatch),
+}
+
+impl Handles {
+    fn open(path: &Path, map_size: usize) -> Result<Handles, BackendError> {
         let mut opts = EnvOpenOptions::new().read_txn_without_tls();
         opts.map_size(map_size).max_dbs(4).max_readers(1024);
         // SAFETY: NO_META_SYNC keeps the database consistent (a crash may undo the last commit,
@@ -119,20 +142,94 @@ impl LmdbBackend {
         crate::lmdb_check::check(&path.join("data.mdb")).map_err(BackendError::engine)?;
         // SAFETY: heed requires that an environment is not opened twice in one process and that
         // its files are not modified behind its back; the engine holds an exclusive lock on the
-        // data directory for as long as the environment is open.
+        // data directory for as long as the environment is open, and a defragmentation opens
+        // its copy in a directory of its own.
         #[allow(unsafe_code)]
         let env = unsafe { opts.open(path) }.map_err(open_err("open", path))?;
         let mut wtxn = env.write_txn().map_err(open_err("begin write", path))?;
-        let history =
-            env.create_database(&mut wtxn, Some("history")).map_err(open_err("create db", path))?;
-        let meta =
-            env.create_database(&mut wtxn, Some("meta")).map_err(open_err("create db", path))?;
-        let members =
-            env.create_database(&mut wtxn, Some("members")).map_err(open_err("create db", path))?;
-        let leases =
-            env.create_database(&mut wtxn, Some("leases")).map_err(open_err("create db", path))?;
+        let mut db = |name| env.create_database(&mut wtxn, Some(name));
+        let history = db("history").map_err(open_err("create db", path))?;
+        let meta = db("meta").map_err(open_err("create db", path))?;
+        let members = db("members").map_err(open_err("create db", path))?;
+        let leases = db("leases").map_err(open_err("create db", path))?;
         wtxn.commit().map_err(open_err("commit", path))?;
-        Ok(LmdbBackend { env, history, meta, members, leases, path: path.to_path_buf() })
+        Ok(Handles { env, history, meta, members, leases })
+    }
+
+    fn write_leases(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
+        for (id, change) in &batch.leases {
+            let key = id.0.to_be_bytes();
+            match change {
+                Some(raw) => self.leases.put(wtxn, &key, raw).map_err(err("put lease"))?,
+                None => {
+                    self.leases.delete(wtxn, &key).map_err(err("delete lease"))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn write_commit(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
+        for (rev, rec) in &batch.puts {
+            self.history.put(wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
+        }
+        for rev in &batch.deletes {
+            self.history.delete(wtxn, &revision_key(*rev)).map_err(err("delete"))?;
+        }
+        self.write_rest(wtxn, batch)
+    }
+
+    fn write_replace(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
+        self.history.clear(wtxn).map_err(err("clear"))?;
+        for (rev, rec) in &batch.puts {
+            self.history.put(wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
+        }
+        self.members.clear(wtxn).map_err(err("clear members"))?;
+        self.leases.clear(wtxn).map_err(err("clear leases"))?;
+        self.write_rest(wtxn, batch)
+    }
+
+    /// Members, leases, alarms and meta: written the same way by a commit and a replace.
+    fn write_rest(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
+        for (id, attributes) in &batch.members {
+            self.members.put(wtxn, &id.to_be_bytes(), attributes).map_err(err("put member"))?;
+        }
+        self.write_leases(wtxn, batch)?;
+        if let Some(a) = &batch.alarms {
+            self.meta.put(wtxn, ALARMS_KEY, a).map_err(err("put alarms"))?;
+        }
+        if let Some(m) = &batch.meta {
+            self.meta.put(wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
+        }
+        Ok(())
+    }
+}
+
+impl LmdbBackend {
+    /// Opens (creating if needed) the environment in directory `path`. `map_size` bounds the
+    /// database's size; it is address space, not memory. What an interrupted defragmentation
+    /// left beside it is removed.
+    pub fn open(path: &Path, map_size: usize) -> Result<LmdbBackend, BackendError> {
+        // LMDB creates its files 0600 itself.
+        crate::fs::create_private_dir(path)
+            .map_err(|e| open_err("create directory", path)(heed::Error::Io(e)))?;
+        defrag::remove_leftovers(path)?;
+        let handles = Handles::open(path, map_size)?;
+        Ok(LmdbBackend {
+            cur: RwLock::new(Arc::new(handles)),
+            journal: Mutex::new(None),
+            defragmenting: Mutex::new(()),
+            map_size,
+            path: path.to_path_buf(),
+        })
+    }
+
+    fn handles(&self) -> Arc<Handles> {
+        self.cur.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn journal(&self) -> MutexGuard<'_, Option<Vec<Journaled>>> {
+        self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     pub fn path(&self) -> &Path {
@@ -148,19 +245,6 @@ impl LmdbBackend {
             let heed = disk_full(heed, free);
             BackendError::engine(LmdbError { op, path: Some(file), heed })
         }
-    }
-
-    fn write_leases(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
-        for (id, change) in &batch.leases {
-            let key = id.0.to_be_bytes();
-            match change {
-                Some(raw) => self.leases.put(wtxn, &key, raw).map_err(err("put lease"))?,
-                None => {
-                    self.leases.delete(wtxn, &key).map_err(err("delete lease"))?;
-                }
-            }
-        }
-        Ok(())
     }
 }
 
@@ -188,97 +272,78 @@ fn decode_meta(raw: &[u8]) -> Result<Meta, BackendError> {
     })
 }
 
-/// A read transaction: a consistent snapshot for as long as it lives.
-pub struct LmdbView<'a> {
-    txn: RoTxn<'a, WithoutTls>,
-    history: Database<Raw, Raw>,
-    meta: Database<Raw, Raw>,
-    members: Database<Raw, Raw>,
-    leases: Database<Raw, Raw>,
+/// A read transaction: a consistent snapshot for as long as it lives. It keeps its
+/// environment open, so a defragmentation may swap in another meanwhile.
+pub struct LmdbView {
+    txn: RoTxn<'static, WithoutTls>,
+    h: Arc<Handles>,
 }
 
-impl std::fmt::Debug for LmdbView<'_> {
+impl std::fmt::Debug for LmdbView {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("LmdbView")
     }
 }
 
 impl Backend for LmdbBackend {
-    type View<'a> = LmdbView<'a>;
+    type View<'a> = LmdbView;
 
-    fn view(&self) -> Result<LmdbView<'_>, BackendError> {
-        let txn = self.env.read_txn().map_err(err("begin read"))?;
-        Ok(LmdbView {
-            txn,
-            history: self.history,
-            meta: self.meta,
-            members: self.members,
-            leases: self.leases,
-        })
+    fn view(&self) -> Result<LmdbView, BackendError> {
+        let h = self.handles();
+        let txn = h.env.clone().static_read_txn().map_err(err("begin read"))?;
+        Ok(LmdbView { txn, h })
     }
 
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError> {
-        let mut wtxn = self.env.write_txn().map_err(err("begin write"))?;
-        for (rev, rec) in &batch.puts {
-            self.history.put(&mut wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
+        let mut journal = self.journal();
+        let h = self.handles();
+        let mut wtxn = h.env.write_txn().map_err(err("begin write"))?;
+        h.write_commit(&mut wtxn, &batch)?;
+        wtxn.commit().map_err(self.write_err("commit"))?;
+        if let Some(j) = journal.as_mut() {
+            j.push(Journaled::Commit(batch));
         }
-        for rev in &batch.deletes {
-            self.history.delete(&mut wtxn, &revision_key(*rev)).map_err(err("delete"))?;
-        }
-        for (id, attributes) in &batch.members {
-            self.members
-                .put(&mut wtxn, &id.to_be_bytes(), attributes)
-                .map_err(err("put member"))?;
-        }
-        self.write_leases(&mut wtxn, &batch)?;
-        if let Some(m) = &batch.meta {
-            self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
-        }
-        wtxn.commit().map_err(self.write_err("commit"))
+        Ok(())
     }
 
     /// One write transaction: a reader or a crash sees the old history or the new. Dropping the
     /// transaction on an error aborts it, leaving the old contents.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError> {
-        let mut wtxn = self.env.write_txn().map_err(err("begin write"))?;
-        self.history.clear(&mut wtxn).map_err(err("clear"))?;
-        for (rev, rec) in &batch.puts {
-            self.history.put(&mut wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
+        let mut journal = self.journal();
+        let h = self.handles();
+        let mut wtxn = h.env.write_txn().map_err(err("begin write"))?;
+        h.write_replace(&mut wtxn, &batch)?;
+        wtxn.commit().map_err(self.write_err("commit"))?;
+        if let Some(j) = journal.as_mut() {
+            j.push(Journaled::Replace(batch));
         }
-        self.members.clear(&mut wtxn).map_err(err("clear members"))?;
-        self.leases.clear(&mut wtxn).map_err(err("clear leases"))?;
-        for (id, attributes) in &batch.members {
-            self.members
-                .put(&mut wtxn, &id.to_be_bytes(), attributes)
-                .map_err(err("put member"))?;
-        }
-        self.write_leases(&mut wtxn, &batch)?;
-        if let Some(m) = &batch.meta {
-            self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
-        }
-        wtxn.commit().map_err(self.write_err("commit"))
+        Ok(())
+    }
+
+    fn defragment(&self) -> Result<(), BackendError> {
+        self.defragment_until(None)
     }
 
     /// Makes every commit durable (LMDB otherwise defers its meta page flush).
     fn sync(&self) -> Result<(), BackendError> {
-        self.env.force_sync().map_err(self.write_err("sync"))
+        self.handles().env.force_sync().map_err(self.write_err("sync"))
     }
 
     fn size_bytes(&self) -> u64 {
-        self.env.real_disk_size().unwrap_or(0)
+        self.handles().env.real_disk_size().unwrap_or(0)
     }
 }
 
-impl BackendView for LmdbView<'_> {
+impl BackendView for LmdbView {
     fn get(&self, rev: RevisionId) -> Result<Option<Record>, BackendError> {
-        match self.history.get(&self.txn, &revision_key(rev)).map_err(err("get"))? {
+        match self.h.history.get(&self.txn, &revision_key(rev)).map_err(err("get"))? {
             Some(raw) => Record::decode(raw).map(Some),
             None => Ok(None),
         }
     }
 
     fn encoded_len(&self, rev: RevisionId) -> Result<Option<usize>, BackendError> {
-        let raw = self.history.get(&self.txn, &revision_key(rev)).map_err(err("get"))?;
+        let raw = self.h.history.get(&self.txn, &revision_key(rev)).map_err(err("get"))?;
         Ok(raw.map(<[u8]>::len))
     }
 
@@ -289,7 +354,7 @@ impl BackendView for LmdbView<'_> {
     ) -> Result<(), BackendError> {
         let start = revision_key(from);
         let range = (std::ops::Bound::Included(&start[..]), std::ops::Bound::Unbounded);
-        for item in self.history.range(&self.txn, &range).map_err(err("scan"))? {
+        for item in self.h.history.range(&self.txn, &range).map_err(err("scan"))? {
             let (k, v) = item.map_err(err("scan"))?;
             if !visit(parse_revision_key(k)?, Record::decode(v)?) {
                 break;
@@ -299,7 +364,7 @@ impl BackendView for LmdbView<'_> {
     }
 
     fn meta(&self) -> Result<Meta, BackendError> {
-        match self.meta.get(&self.txn, META_KEY).map_err(err("get meta"))? {
+        match self.h.meta.get(&self.txn, META_KEY).map_err(err("get meta"))? {
             Some(raw) => decode_meta(raw),
             None => Ok(Meta::default()),
         }
@@ -307,7 +372,7 @@ impl BackendView for LmdbView<'_> {
 
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError> {
         let mut out = BTreeMap::new();
-        for item in self.members.iter(&self.txn).map_err(err("scan members"))? {
+        for item in self.h.members.iter(&self.txn).map_err(err("scan members"))? {
             let (k, v) = item.map_err(err("scan members"))?;
             let id: [u8; 8] =
                 k.try_into().map_err(|_| BackendError::Corrupt("bad member id key"))?;
@@ -316,9 +381,16 @@ impl BackendView for LmdbView<'_> {
         Ok(out)
     }
 
+    fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
+        match self.h.meta.get(&self.txn, ALARMS_KEY).map_err(err("get alarms"))? {
+            Some(raw) => decode_alarms(raw),
+            None => Ok(BTreeSet::new()),
+        }
+    }
+
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
         let mut out = BTreeMap::new();
-        for item in self.leases.iter(&self.txn).map_err(err("scan leases"))? {
+        for item in self.h.leases.iter(&self.txn).map_err(err("scan leases"))? {
             let (k, v) = item.map_err(err("scan leases"))?;
             let id: [u8; 8] =
                 k.try_into().map_err(|_| BackendError::Corrupt("bad lease id key"))?;

@@ -130,7 +130,9 @@ impl<B: Backend> Store<B> {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let mut installed = Inner::new(index, members, leases, meta, inner.epoch + 1);
+            // Images do not carry alarms: the member keeps its own (see ARCHITECTURE.md).
+            let alarms = std::mem::take(&mut inner.alarms);
+            let mut installed = Inner::new(index, members, leases, alarms, meta, inner.epoch + 1);
             // The revisions between the old state and the image have no events here: watchers
             // read them from the image's history (or are canceled if it is compacted).
             installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());
@@ -162,5 +164,41 @@ impl<B: Backend> Store<B> {
         let mut hasher = Hasher::new();
         capture.visit(|rev, record| hasher.write(rev, record))?;
         Ok(KvHash { hash: hasher.finish(), revision: hashed, compact_revision: compacted })
+    }
+
+    /// cairn's `Maintenance.Hash`: a CRC-32C of every record the backend holds, as etcd's is
+    /// of its whole backend. In order: each history record (its 12-byte revision key, then
+    /// its encoding), each member's attributes (id, then encoding), each lease (id, then
+    /// encoding) and the raised alarms; the meta record (applied index, revisions) is left out,
+    /// as etcd leaves out its consistent index, since members commit at different moments.
+    /// Returns the hash and the revision the backend holds.
+    pub fn hash(&self) -> Result<(u32, Revision), BackendError> {
+        let view = self.backend.view()?;
+        let mut crc = 0u32;
+        let mut buf = Vec::new();
+        view.scan(RevisionId::default(), &mut |rev, record| {
+            buf.clear();
+            buf.extend_from_slice(&crate::backend::revision_key(rev));
+            record.encode_into(&mut buf);
+            crc = crc32c::crc32c_append(crc, &buf);
+            true
+        })?;
+        for (id, a) in view.members()? {
+            crc = crc32c::crc32c_append(crc, &id.to_be_bytes());
+            crc = crc32c::crc32c_append(crc, &a.encode());
+        }
+        for (id, lease) in view.leases()? {
+            crc = crc32c::crc32c_append(crc, &id.0.to_be_bytes());
+            crc = crc32c::crc32c_append(crc, &encode_lease(&lease));
+        }
+        let alarms = crate::backend::encode_alarms(&view.alarms()?);
+        crc = crc32c::crc32c_append(crc, &alarms);
+        Ok((crc, view.meta()?.current))
+    }
+
+    /// Returns the backend's free space to the file system ([`Backend::defragment`]). Reads,
+    /// executions and commits go on meanwhile.
+    pub fn defragment(&self) -> Result<(), BackendError> {
+        self.backend.defragment()
     }
 }

@@ -40,6 +40,7 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
         max_range_bytes_in_flight: 0,
         client_tls: None,
         listen_metrics_urls: vec![],
+        corrupt_check_interval: None,
     };
     tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
