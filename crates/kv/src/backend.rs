@@ -224,6 +224,8 @@ pub struct WriteBatch {
     /// Leases ([`encode_lease`]) by id, each replacing what was stored, or `None` to delete
     /// it; in order, so a later change of the same lease wins.
     pub leases: Vec<(LeaseId, Option<Vec<u8>>)>,
+    /// The whole auth store ([`crate::auth::AuthState::encode`]), replacing what was stored.
+    pub auth: Option<Vec<u8>>,
     pub meta: Option<Meta>,
 }
 
@@ -256,6 +258,8 @@ pub trait BackendView {
     fn members(&self) -> Result<BTreeMap<u64, MemberAttributes>, BackendError>;
     /// Every lease, by id.
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError>;
+    /// The encoded auth store, if one was ever stored.
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -266,7 +270,8 @@ pub trait Backend: Send + Sync {
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Replaces the whole history with `batch.puts`, every member's attributes with
-    /// `batch.members` and every lease with `batch.leases`, and sets `batch.meta` (if given), atomically: a reader or a crash sees
+    /// `batch.members`, every lease with `batch.leases` and the auth store with `batch.auth`
+    /// (none: no store), and sets `batch.meta` (if given), atomically: a reader or a crash sees
     /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
     /// is ignored. Installing a snapshot image uses it.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
@@ -287,6 +292,7 @@ struct MemState {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
+    auth: Option<Vec<u8>>,
     meta: Meta,
 }
 
@@ -317,6 +323,9 @@ impl Backend for MemBackend {
         }
         s.members.extend(batch.members);
         apply_leases(&mut s.leases, batch.leases);
+        if batch.auth.is_some() {
+            s.auth = batch.auth;
+        }
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -329,6 +338,7 @@ impl Backend for MemBackend {
         s.members = batch.members.into_iter().collect();
         s.leases = BTreeMap::new();
         apply_leases(&mut s.leases, batch.leases);
+        s.auth = batch.auth;
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -372,6 +382,10 @@ impl BackendView for MemView {
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
         self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
+    }
+
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.auth.clone())
     }
 }
 

@@ -37,6 +37,8 @@ pub enum KvError {
     /// has no such limit beyond gRPC's decoding depth; this one keeps every accepted request
     /// decodable when it is applied.
     TxnTooDeep,
+    /// The auth store refused the request or the change (etcd's auth errors).
+    Auth(crate::auth::AuthError),
     /// The backend failed; the node must stop.
     Backend(BackendError),
 }
@@ -59,6 +61,7 @@ impl KvError {
             KvError::LeaseExist => "etcdserver: lease already exists",
             KvError::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             KvError::TxnTooDeep => "cairn: transactions nested too deeply",
+            KvError::Auth(e) => e.etcd_message(),
             KvError::Backend(_) => "cairn: storage failure",
         }
     }
@@ -75,6 +78,12 @@ impl fmt::Display for KvError {
 
 /// `Display` includes the backend failure's cause, so `source` does not repeat it.
 impl std::error::Error for KvError {}
+
+impl From<crate::auth::AuthError> for KvError {
+    fn from(e: crate::auth::AuthError) -> KvError {
+        KvError::Auth(e)
+    }
+}
 
 impl From<BackendError> for KvError {
     fn from(e: BackendError) -> KvError {

@@ -21,6 +21,8 @@ pub struct Model {
     members: BTreeMap<u64, MemberAttributes>,
     /// Every lease; the keys it holds are the live keys that name it.
     leases: BTreeMap<LeaseId, Lease>,
+    /// The auth store.
+    auth: crate::auth::AuthState,
 }
 
 impl Default for Model {
@@ -31,6 +33,7 @@ impl Default for Model {
             history: BTreeMap::new(),
             members: BTreeMap::new(),
             leases: BTreeMap::new(),
+            auth: crate::auth::AuthState::default(),
         }
     }
 }
@@ -174,8 +177,17 @@ impl Model {
         Ok(out)
     }
 
+    /// The auth store.
+    pub fn auth(&self) -> &crate::auth::AuthState {
+        &self.auth
+    }
+
     /// Applies a mutating command; on error nothing changes.
     pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
+        if let Command::Authorized { caller, command } = cmd {
+            self.auth.authorize(caller, command, |id| self.lease_keys(id))?;
+            return self.apply(command);
+        }
         let mut scratch = self.clone();
         let mut tx =
             Tx { state: scratch.state(scratch.current), rev: scratch.current.next(), writes: 0 };
@@ -228,6 +240,12 @@ impl Model {
                 }
                 Ok(CommandResponse::LeaseCheckpoint)
             }
+            Command::Auth(change) => {
+                scratch.auth.apply(change)?;
+                let auth_revision = scratch.auth.revision;
+                Ok(CommandResponse::Auth { revision: scratch.current, auth_revision })
+            }
+            Command::Authorized { .. } => Err(crate::auth::AuthError::PermissionDenied.into()),
         }?;
         if tx.writes > 0 {
             scratch.current = tx.rev;

@@ -26,7 +26,10 @@ mod image;
 pub use events::History;
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::auth::AuthState;
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
@@ -67,6 +70,8 @@ struct Inner {
     ring: EventRing,
     /// Every lease and the keys it holds, as executed.
     leases: LeaseTable,
+    /// The auth store, as executed; shared with checkers, copied when a change is executed.
+    auth: Arc<AuthState>,
 }
 
 impl Inner {
@@ -76,6 +81,7 @@ impl Inner {
         mut index: Index,
         members: BTreeMap<u64, MemberAttributes>,
         leases: BTreeMap<LeaseId, Lease>,
+        auth: AuthState,
         meta: Meta,
         epoch: u64,
     ) -> Inner {
@@ -98,6 +104,7 @@ impl Inner {
             members,
             ring: EventRing::new(RING_BYTES),
             leases,
+            auth: Arc::new(auth),
         }
     }
 }
@@ -109,6 +116,8 @@ pub struct Store<B: Backend> {
     inner: RwLock<Inner>,
     /// Serializes backend writers (commits and physical compaction).
     writer: Mutex<()>,
+    /// Whether the executed auth store is enabled: the one check a request makes when it is not.
+    auth_enabled: AtomicBool,
 }
 
 /// One committed Raft entry for the store: its index, and its command if it carries one.
@@ -139,12 +148,13 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let (meta, members, leases);
+        let (meta, members, leases, auth);
         {
             let view = backend.view()?;
             meta = view.meta()?;
             members = view.members()?;
             leases = view.leases()?;
+            auth = view.auth()?.map(|raw| AuthState::decode(&raw)).transpose()?.unwrap_or_default();
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -158,8 +168,9 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, members, leases, meta, 0);
-        Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()) })
+        let auth_enabled = AtomicBool::new(auth.enabled);
+        let inner = Inner::new(index, members, leases, auth, meta, 0);
+        Ok(Store { backend, inner: RwLock::new(inner), writer: Mutex::new(()), auth_enabled })
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Inner> {
@@ -244,6 +255,16 @@ impl<B: Backend> Store<B> {
         self.read().members.get(&id).cloned()
     }
 
+    /// Whether auth is enabled, as executed: one atomic load.
+    pub fn auth_enabled(&self) -> bool {
+        self.auth_enabled.load(Ordering::Acquire)
+    }
+
+    /// The auth store, as executed.
+    pub fn auth(&self) -> Arc<AuthState> {
+        self.read().auth.clone()
+    }
+
     /// A read at the request's revision (0: the latest executed one).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, KvError> {
         let inner = self.read();
@@ -296,8 +317,10 @@ impl<B: Backend> Store<B> {
             members: &mut inner.members,
             events: Vec::new(),
             leases: &mut inner.leases,
+            auth: &mut inner.auth,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
+        self.auth_enabled.store(exec.auth.enabled, Ordering::Release);
         inner.unflushed = std::mem::take(&mut exec.pending);
         if let Some(e) = failure {
             return Err(e);
@@ -344,6 +367,9 @@ impl<B: Backend> Store<B> {
             batch.deletes.extend(p.batch.deletes);
             batch.members.extend(p.batch.members);
             batch.leases.extend(p.batch.leases);
+            if p.batch.auth.is_some() {
+                batch.auth = p.batch.auth;
+            }
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });
         self.backend.commit(batch)?;

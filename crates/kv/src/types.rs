@@ -408,6 +408,26 @@ pub enum Command {
         /// Each lease's remaining TTL, in seconds.
         checkpoints: Vec<(LeaseId, i64)>,
     },
+    /// A change to the auth store (users, roles, enabling).
+    Auth(crate::auth::AuthCommand),
+    /// A client's command with who asked: applied only if that caller may, with the auth store
+    /// as of this entry (etcd's request header with its user and auth revision).
+    Authorized {
+        /// Who asked.
+        caller: crate::auth::Caller,
+        /// What they asked.
+        command: Box<Command>,
+    },
+}
+
+impl Command {
+    /// The command itself, without the caller it may carry.
+    pub fn without_caller(&self) -> &Command {
+        match self {
+            Command::Authorized { command, .. } => command,
+            c => c,
+        }
+    }
 }
 
 /// The result of applying a [`Command`].
@@ -437,4 +457,11 @@ pub enum CommandResponse {
     },
     /// The remaining TTLs are recorded (leases gone meanwhile are skipped).
     LeaseCheckpoint,
+    /// The auth store changed (or was already as asked); the key revision did not move.
+    Auth {
+        /// The store's revision.
+        revision: Revision,
+        /// The auth revision after the change.
+        auth_revision: u64,
+    },
 }

@@ -22,6 +22,7 @@ struct State {
     records: BTreeMap<RevisionId, Vec<u8>>,
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
+    auth: Option<Vec<u8>>,
     meta: Meta,
 }
 
@@ -33,6 +34,8 @@ enum Undo {
         records: Vec<(RevisionId, Option<Vec<u8>>)>,
         members: Vec<(u64, Option<Vec<u8>>)>,
         leases: Vec<(LeaseId, Option<Vec<u8>>)>,
+        /// The auth store before the commit, if the commit replaced it.
+        auth: Option<Option<Vec<u8>>>,
         meta: Meta,
     },
     /// The commit replaced everything: restore the whole previous state.
@@ -74,7 +77,7 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, members, leases, meta } => {
+            Undo::Changes { records, members, leases, auth, meta } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
@@ -93,6 +96,9 @@ impl SimBackend {
                         Some(raw) => state.leases.insert(id, raw),
                         None => state.leases.remove(&id),
                     };
+                }
+                if let Some(auth) = auth {
+                    state.auth = auth;
                 }
                 state.meta = meta;
             }
@@ -149,6 +155,7 @@ impl Backend for SimBackend {
                 None => (id, state.leases.remove(&id)),
             })
             .collect();
+        let auth = batch.auth.map(|raw| std::mem::replace(&mut state.auth, Some(raw)));
         let old_meta = state.meta;
         if let Some(meta) = batch.meta {
             state.meta = meta;
@@ -157,7 +164,7 @@ impl Backend for SimBackend {
         undo.reverse();
         members.reverse();
         leases.reverse();
-        disk.undo = Some(Undo::Changes { records: undo, members, leases, meta: old_meta });
+        disk.undo = Some(Undo::Changes { records: undo, members, leases, auth, meta: old_meta });
         Ok(())
     }
 
@@ -171,7 +178,7 @@ impl Backend for SimBackend {
         let leases =
             batch.leases.into_iter().filter_map(|(id, raw)| raw.map(|raw| (id, raw))).collect();
         let meta = batch.meta.unwrap_or_default();
-        let state = Arc::new(State { records, members, leases, meta });
+        let state = Arc::new(State { records, members, leases, auth: batch.auth, meta });
         let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
@@ -215,5 +222,9 @@ impl BackendView for SimView {
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {
         self.0.leases.iter().map(|(id, raw)| Ok((*id, decode_lease(*id, raw)?))).collect()
+    }
+
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.auth.clone())
     }
 }

@@ -694,6 +694,9 @@ fn changed_write(result: &WriteResult) -> WriteResult {
         Ok(CommandResponse::LeaseGrant { revision, lease }) => {
             Ok(CommandResponse::LeaseGrant { revision: bump(revision), lease })
         }
+        Ok(CommandResponse::Auth { revision, auth_revision }) => {
+            Ok(CommandResponse::Auth { revision, auth_revision: auth_revision + 1 })
+        }
         Ok(CommandResponse::PublishMember | CommandResponse::LeaseCheckpoint) => {
             Err(KvError::Compacted)
         }

@@ -20,6 +20,8 @@ use heed::types::Bytes as Raw;
 use heed::{Database, Env, EnvFlags, EnvOpenOptions, RoTxn, RwTxn, WithoutTls};
 
 const META_KEY: &[u8] = b"meta";
+/// The encoded auth store, beside the meta record: small, and always replaced whole.
+const AUTH_KEY: &[u8] = b"auth";
 
 /// An LMDB failure: what was being done, and where (the directory for a failure to open, the
 /// database file for a failed write).
@@ -231,6 +233,9 @@ impl Backend for LmdbBackend {
                 .map_err(err("put member"))?;
         }
         self.write_leases(&mut wtxn, &batch)?;
+        if let Some(auth) = &batch.auth {
+            self.meta.put(&mut wtxn, AUTH_KEY, auth).map_err(err("put auth"))?;
+        }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -247,12 +252,16 @@ impl Backend for LmdbBackend {
         }
         self.members.clear(&mut wtxn).map_err(err("clear members"))?;
         self.leases.clear(&mut wtxn).map_err(err("clear leases"))?;
+        self.meta.delete(&mut wtxn, AUTH_KEY).map_err(err("clear auth"))?;
         for (id, attributes) in &batch.members {
             self.members
                 .put(&mut wtxn, &id.to_be_bytes(), attributes)
                 .map_err(err("put member"))?;
         }
         self.write_leases(&mut wtxn, &batch)?;
+        if let Some(auth) = &batch.auth {
+            self.meta.put(&mut wtxn, AUTH_KEY, auth).map_err(err("put auth"))?;
+        }
         if let Some(m) = &batch.meta {
             self.meta.put(&mut wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
         }
@@ -309,6 +318,11 @@ impl BackendView for LmdbView<'_> {
             out.insert(u64::from_be_bytes(id), MemberAttributes::decode(v)?);
         }
         Ok(out)
+    }
+
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        let raw = self.meta.get(&self.txn, AUTH_KEY).map_err(err("get auth"))?;
+        Ok(raw.map(<[u8]>::to_vec))
     }
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {

@@ -62,7 +62,7 @@ impl<B: Backend> Store<B> {
     /// complete (so the image does not depend on how far compaction got), every member's
     /// published attributes and every lease.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let (meta, members, leases, capture) = {
+        let (meta, members, leases, auth, capture) = {
             let inner = self.read();
             let meta = ImageMeta {
                 applied_index: inner.exec_applied,
@@ -71,11 +71,12 @@ impl<B: Backend> Store<B> {
             };
             let revs = inner.index.retained(inner.exec_compacted);
             let leases = inner.leases.all().clone();
-            (meta, inner.members.clone(), leases, self.capture(&inner, revs)?)
+            let auth = inner.auth.clone();
+            (meta, inner.members.clone(), leases, auth, self.capture(&inner, revs)?)
         };
         let mut encoder = Encoder::new(meta);
         capture.visit(|rev, record| encoder.push(rev, record))?;
-        Ok(encoder.finish(&members, &leases))
+        Ok(encoder.finish_with_auth(&members, &leases, &auth))
     }
 
     /// Replaces the whole state with `image`, durably, and returns its header. The image is
@@ -93,6 +94,8 @@ impl<B: Backend> Store<B> {
         };
         let mut index = Index::default();
         let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
+        let auth = image.auth().clone();
+        batch.auth = Some(auth.encode());
         let (records, members, leases) = image.into_parts();
         for (rev, record) in records {
             batch.puts.push((rev, record.encode()));
@@ -105,7 +108,9 @@ impl<B: Backend> Store<B> {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let mut installed = Inner::new(index, members, leases, meta, inner.epoch + 1);
+            let enabled = auth.enabled;
+            let mut installed = Inner::new(index, members, leases, auth, meta, inner.epoch + 1);
+            self.auth_enabled.store(enabled, std::sync::atomic::Ordering::Release);
             // The revisions between the old state and the image have no events here: watchers
             // read them from the image's history (or are canceled if it is compacted).
             installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());
