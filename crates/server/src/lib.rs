@@ -19,6 +19,8 @@
 #![warn(missing_docs)]
 
 #[cfg(feature = "server")]
+mod auth;
+#[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
 mod coalesce;
@@ -147,7 +149,8 @@ pub async fn serve(
         .add_service(etcd_service!(
             cairn_proto::wire::etcdserverpb::watch_server::WatchServer::new(ctx.clone())
         ))
-        .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
+        .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::auth_server::AuthServer::new(ctx.clone())));
     let grpc_routes = routes.into_axum_router().layer(tower::util::MapRequestLayer::new(
         move |req: axum::http::Request<axum::body::Body>| {
             req.map(|body| grpc_limit::limit(body, max_decode))

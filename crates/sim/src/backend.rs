@@ -155,7 +155,7 @@ impl Backend for SimBackend {
                 None => (id, state.leases.remove(&id)),
             })
             .collect();
-        let auth = batch.auth.map(|raw| std::mem::replace(&mut state.auth, Some(raw)));
+        let auth = batch.auth.map(|raw| state.auth.replace(raw));
         let old_meta = state.meta;
         if let Some(meta) = batch.meta {
             state.meta = meta;
