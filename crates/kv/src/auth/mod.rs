@@ -272,19 +272,7 @@ impl AuthState {
                 return Ok(());
             }
             AuthCommand::UserAdd { name, password_hash, no_password } => {
-                if name.is_empty() {
-                    return Err(AuthError::UserEmpty);
-                }
-                if self.users.contains_key(name) {
-                    return Err(AuthError::UserAlreadyExist);
-                }
-                let user = User {
-                    name: name.clone(),
-                    password_hash: password_hash.clone(),
-                    roles: Vec::new(),
-                    no_password: *no_password,
-                };
-                self.users.insert(name.clone(), user);
+                self.add_user(name, password_hash, *no_password)?
             }
             AuthCommand::UserDelete { name } => {
                 if self.enabled && name == ROOT {
@@ -304,26 +292,8 @@ impl AuthState {
                     return Ok(());
                 }
             }
-            AuthCommand::UserRevokeRole { name, role } => {
-                if self.enabled && name == ROOT && role == ROOT {
-                    return Err(AuthError::InvalidAuthMgmt);
-                }
-                let user = self.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
-                let before = user.roles.len();
-                user.roles.retain(|r| r != role);
-                if user.roles.len() == before {
-                    return Err(AuthError::RoleNotGranted);
-                }
-            }
-            AuthCommand::RoleAdd { name } => {
-                if name.is_empty() {
-                    return Err(AuthError::RoleEmpty);
-                }
-                if self.roles.contains_key(name) {
-                    return Err(AuthError::RoleAlreadyExist);
-                }
-                self.roles.insert(name.clone(), Role { name: name.clone(), permissions: vec![] });
-            }
+            AuthCommand::UserRevokeRole { name, role } => self.revoke_role(name, role)?,
+            AuthCommand::RoleAdd { name } => self.add_role(name)?,
             AuthCommand::RoleDelete { role } => {
                 if self.enabled && role == ROOT {
                     return Err(AuthError::InvalidAuthMgmt);
@@ -344,6 +314,48 @@ impl AuthState {
             }
         }
         self.revision += 1;
+        Ok(())
+    }
+
+    fn add_user(&mut self, name: &str, hash: &str, no_password: bool) -> Result<(), AuthError> {
+        if name.is_empty() {
+            return Err(AuthError::UserEmpty);
+        }
+        if self.users.contains_key(name) {
+            return Err(AuthError::UserAlreadyExist);
+        }
+        let user = User {
+            name: name.to_string(),
+            password_hash: hash.to_string(),
+            roles: Vec::new(),
+            no_password,
+        };
+        self.users.insert(name.to_string(), user);
+        Ok(())
+    }
+
+    fn revoke_role(&mut self, name: &str, role: &str) -> Result<(), AuthError> {
+        if self.enabled && name == ROOT && role == ROOT {
+            return Err(AuthError::InvalidAuthMgmt);
+        }
+        let user = self.users.get_mut(name).ok_or(AuthError::UserNotFound)?;
+        let before = user.roles.len();
+        user.roles.retain(|r| r != role);
+        if user.roles.len() == before {
+            return Err(AuthError::RoleNotGranted);
+        }
+        Ok(())
+    }
+
+    fn add_role(&mut self, name: &str) -> Result<(), AuthError> {
+        if name.is_empty() {
+            return Err(AuthError::RoleEmpty);
+        }
+        if self.roles.contains_key(name) {
+            return Err(AuthError::RoleAlreadyExist);
+        }
+        let role = Role { name: name.to_string(), permissions: vec![] };
+        self.roles.insert(name.to_string(), role);
         Ok(())
     }
 
