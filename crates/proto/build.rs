@@ -9,7 +9,7 @@
 use prost_types::field_descriptor_proto::Type;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/rpc.proto", "proto/kv.proto"];
+    let files = ["proto/rpc.proto", "proto/kv.proto", "proto/auth.proto"];
     for f in files {
         println!("cargo:rerun-if-changed={f}");
     }

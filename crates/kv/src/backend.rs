@@ -228,6 +228,8 @@ pub struct WriteBatch {
     pub leases: Vec<(LeaseId, Option<Vec<u8>>)>,
     /// Every raised alarm ([`encode_alarms`]), replacing what was stored; `None`: unchanged.
     pub alarms: Option<Vec<u8>>,
+    /// The whole auth store ([`crate::auth::AuthState::encode`]), replacing what was stored.
+    pub auth: Option<Vec<u8>>,
     pub meta: Option<Meta>,
 }
 
@@ -292,6 +294,8 @@ pub trait BackendView {
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError>;
     /// Every raised alarm.
     fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError>;
+    /// The encoded auth store, if one was ever stored.
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -304,6 +308,8 @@ pub trait Backend: Send + Sync {
     /// Replaces the whole history with `batch.puts`, every member's attributes with
     /// `batch.members` and every lease with `batch.leases`, and sets `batch.alarms` and
     /// `batch.meta` (those that are given), atomically: a reader or a crash sees
+    /// `batch.members`, every lease with `batch.leases` and the auth store with `batch.auth`
+    /// (none: no store), and sets `batch.meta` (if given), atomically: a reader or a crash sees
     /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
     /// is ignored. Installing a snapshot image uses it.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
@@ -331,6 +337,7 @@ struct MemState {
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
     alarms: Vec<u8>,
+    auth: Option<Vec<u8>>,
     meta: Meta,
 }
 
@@ -364,6 +371,9 @@ impl Backend for MemBackend {
         if let Some(alarms) = batch.alarms {
             s.alarms = alarms;
         }
+        if batch.auth.is_some() {
+            s.auth = batch.auth;
+        }
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -379,6 +389,7 @@ impl Backend for MemBackend {
         if let Some(alarms) = batch.alarms {
             s.alarms = alarms;
         }
+        s.auth = batch.auth;
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
@@ -426,6 +437,9 @@ impl BackendView for MemView {
 
     fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
         decode_alarms(&self.0.alarms)
+    }
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.auth.clone())
     }
 }
 

@@ -40,6 +40,8 @@ pub enum KvError {
     /// A snapshot replaced the store's state while a range was being read in steps
     /// (Unavailable: the client retries).
     Interrupted,
+    /// The auth store refused the request or the change (etcd's auth errors).
+    Auth(crate::auth::AuthError),
     /// The backend failed; the node must stop.
     Backend(BackendError),
 }
@@ -63,6 +65,7 @@ impl KvError {
             KvError::LeaseTtlTooLarge => "etcdserver: too large lease TTL",
             KvError::TxnTooDeep => "cairn: transactions nested too deeply",
             KvError::Interrupted => "cairn: a snapshot replaced the member's data during the read",
+            KvError::Auth(e) => e.etcd_message(),
             KvError::Backend(_) => "cairn: storage failure",
         }
     }
@@ -79,6 +82,12 @@ impl fmt::Display for KvError {
 
 /// `Display` includes the backend failure's cause, so `source` does not repeat it.
 impl std::error::Error for KvError {}
+
+impl From<crate::auth::AuthError> for KvError {
+    fn from(e: crate::auth::AuthError) -> KvError {
+        KvError::Auth(e)
+    }
+}
 
 impl From<BackendError> for KvError {
     fn from(e: BackendError) -> KvError {

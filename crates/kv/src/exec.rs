@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 
+use crate::auth::AuthState;
 use crate::backend::{BackendError, BackendView, Record, WriteBatch};
 use crate::index::{Index, IndexEntry};
 use crate::lease::LeaseTable;
@@ -39,6 +40,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) events: Vec<Arc<Event>>,
     /// Every lease and the keys it holds, with this batch's changes.
     pub(crate) leases: &'a mut LeaseTable,
+    /// The auth store, with this batch's changes.
+    pub(crate) auth: &'a mut Arc<AuthState>,
 }
 
 /// Reads at a revision: from the index, committed records, and (on the apply path) the records
@@ -157,6 +160,20 @@ impl<V: BackendView> Exec<'_, V> {
             Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
             Command::AlarmActivate(a) => Ok(self.alarm(*a, true)),
             Command::AlarmDeactivate(a) => Ok(self.alarm(*a, false)),
+            Command::Auth(change) => {
+                // Beside the key space, as members' attributes: no revision, no history.
+                let mut next = AuthState::clone(self.auth);
+                next.apply(change)?;
+                self.batch.auth = Some(next.encode());
+                let auth_revision = next.revision;
+                *self.auth = Arc::new(next);
+                Ok(CommandResponse::Auth { revision: self.current, auth_revision })
+            }
+            Command::Authorized { caller, command } => {
+                let leases = &*self.leases;
+                self.auth.authorize(caller, command, |id| leases.keys(id))?;
+                return self.execute(command);
+            }
         };
         if w.wrote() {
             self.current = w.rev;

@@ -10,6 +10,7 @@
 
 // The store's machinery, public for the engine, the storage crate and the simulator; an
 // embedder needs none of it (their docs are hidden).
+pub mod auth;
 #[doc(hidden)]
 pub mod backend;
 mod error;

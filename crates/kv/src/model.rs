@@ -23,6 +23,8 @@ pub struct Model {
     leases: BTreeMap<LeaseId, Lease>,
     /// Every raised alarm.
     alarms: std::collections::BTreeSet<AlarmMember>,
+    /// The auth store.
+    auth: crate::auth::AuthState,
 }
 
 impl Default for Model {
@@ -34,6 +36,7 @@ impl Default for Model {
             members: BTreeMap::new(),
             leases: BTreeMap::new(),
             alarms: std::collections::BTreeSet::new(),
+            auth: crate::auth::AuthState::default(),
         }
     }
 }
@@ -182,8 +185,17 @@ impl Model {
         Ok(out)
     }
 
+    /// The auth store.
+    pub fn auth(&self) -> &crate::auth::AuthState {
+        &self.auth
+    }
+
     /// Applies a mutating command; on error nothing changes.
     pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
+        if let Command::Authorized { caller, command } = cmd {
+            self.auth.authorize(caller, command, |id| self.lease_keys(id))?;
+            return self.apply(command);
+        }
         let mut scratch = self.clone();
         let mut tx =
             Tx { state: scratch.state(scratch.current), rev: scratch.current.next(), writes: 0 };
@@ -246,6 +258,12 @@ impl Model {
             Command::AlarmDeactivate(a) => {
                 Ok(CommandResponse::Alarm(scratch.alarms.remove(a).then_some(*a)))
             }
+            Command::Auth(change) => {
+                scratch.auth.apply(change)?;
+                let auth_revision = scratch.auth.revision;
+                Ok(CommandResponse::Auth { revision: scratch.current, auth_revision })
+            }
+            Command::Authorized { .. } => Err(crate::auth::AuthError::PermissionDenied.into()),
         }?;
         if tx.writes > 0 {
             scratch.current = tx.rev;

@@ -12,7 +12,7 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "CAIRNKVI"
-//!      8     4  format version, u32 (3; 2 had no lease section, 1 no member section)
+//!      8     4  format version, u32 (4; 3 had no auth section, 2 no lease section, 1 no member section)
 //!     12     8  applied_index, u64: the last Raft index the state includes
 //!     20     8  current, i64: the store's revision
 //!     28     8  compacted, i64: reads below it fail as compacted (-1: never compacted)
@@ -25,6 +25,8 @@
 //!            8  lease count l, u64 (version 3)
 //!               l leases, in increasing id order, each:
 //!                 id i64 | ttl i64 | remaining_ttl i64
+//!            8  auth store length a, u64 (version 4)
+//!               a bytes of `AuthState::encode`
 //!  end-4     4  crc32c (Castagnoli) of every byte before it, u32
 //! ```
 //!
@@ -34,19 +36,22 @@
 //! its key must not be empty, and compaction at `compacted` must keep it (a record superseded at
 //! or before `compacted`, or a deletion before it, has no place in an image). Every member's
 //! attributes must decode, in increasing id order; so must every lease, with a non-zero id and
-//! a positive TTL. Nothing after the last lease but the checksum. Version 2 images (no leases) are read as
-//! holding none.
+//! a positive TTL; the auth store must decode. Nothing after it but the checksum. Version 2 images
+//! (no leases) are read as holding none, version 3 ones (no auth section) as a new auth store.
 
 use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 use bytes::{BufMut, Bytes};
 
+use crate::auth::AuthState;
 use crate::backend::{BackendError, Record};
 use crate::types::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
-const VERSION: u32 = 3;
+const VERSION: u32 = 4;
+/// The version before the auth section, still read.
+const VERSION_NO_AUTH: u32 = 3;
 /// The previous version, without leases, still read.
 const VERSION_NO_LEASES: u32 = 2;
 /// Bytes before the first record.
@@ -92,7 +97,9 @@ pub enum ImageError {
     BadMember { position: u64, reason: &'static str },
     /// The lease at this position (0-based) is not valid.
     BadLease { position: u64, reason: &'static str },
-    /// Bytes between the last lease and the checksum.
+    /// The auth store does not decode.
+    BadAuth(&'static str),
+    /// Bytes between the auth store and the checksum.
     TrailingBytes,
 }
 
@@ -123,7 +130,8 @@ impl fmt::Display for ImageError {
             ImageError::BadLease { position, reason } => {
                 write!(f, "lease {position}: {reason}")
             }
-            ImageError::TrailingBytes => f.write_str("bytes after the last lease"),
+            ImageError::BadAuth(why) => write!(f, "auth store: {why}"),
+            ImageError::TrailingBytes => f.write_str("bytes after the auth store"),
         }
     }
 }
@@ -174,14 +182,40 @@ impl Encoder {
         put_record(&mut self.buf, rev, record);
     }
 
-    /// Appends every member's attributes, every lease and the checksum.
+    /// Appends every member's attributes, every lease, a new auth store and the checksum.
     pub fn finish(
-        mut self,
+        self,
         members: &BTreeMap<u64, MemberAttributes>,
         leases: &BTreeMap<LeaseId, Lease>,
     ) -> Bytes {
+        self.finish_with_auth(members, leases, &AuthState::default())
+    }
+
+    /// Appends every member's attributes, every lease, the auth store and the checksum.
+    pub fn finish_with_auth(
+        mut self,
+        members: &BTreeMap<u64, MemberAttributes>,
+        leases: &BTreeMap<LeaseId, Lease>,
+        auth: &AuthState,
+    ) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
         put_tail(&mut self.buf, members, leases);
+        self.buf.put_u64(members.len() as u64);
+        for (id, attributes) in members {
+            let encoded = attributes.encode();
+            self.buf.put_u64(*id);
+            self.buf.put_u64(encoded.len() as u64);
+            self.buf.put_slice(&encoded);
+        }
+        self.buf.put_u64(leases.len() as u64);
+        for lease in leases.values() {
+            self.buf.put_i64(lease.id.0);
+            self.buf.put_i64(lease.ttl);
+            self.buf.put_i64(lease.remaining_ttl);
+        }
+        let auth = auth.encode();
+        self.buf.put_u64(auth.len() as u64);
+        self.buf.put_slice(&auth);
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
@@ -265,6 +299,7 @@ pub struct Image {
     records: Vec<(RevisionId, Record)>,
     members: BTreeMap<u64, MemberAttributes>,
     leases: BTreeMap<LeaseId, Lease>,
+    auth: AuthState,
 }
 
 /// An image's parts: records, members' attributes, leases.
@@ -299,6 +334,11 @@ impl Image {
         self
     }
 
+    /// The auth store.
+    pub fn auth(&self) -> &AuthState {
+        &self.auth
+    }
+
     /// The records, the members' attributes and the leases.
     pub fn into_parts(self) -> ImageParts {
         (self.records, self.members, self.leases)
@@ -308,14 +348,15 @@ impl Image {
 /// Decodes and verifies a whole image.
 pub fn decode(image: &[u8]) -> Result<Image, ImageError> {
     let mut records = Vec::new();
-    let (meta, members, leases) = parse(image, &mut |rev, record| records.push((rev, record)))?;
-    Ok(Image { meta, records, members, leases })
+    let (meta, members, leases, auth) =
+        parse(image, &mut |rev, record| records.push((rev, record)))?;
+    Ok(Image { meta, records, members, leases, auth })
 }
 
 /// The header of an image, after verifying the whole image exactly as [`decode`] does (so an
 /// image this accepts installs), without keeping its records.
 pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
-    parse(image, &mut |_, _| {}).map(|(meta, _, _)| meta)
+    parse(image, &mut |_, _| {}).map(|(meta, ..)| meta)
 }
 
 /// What `cairn snapshot status` shows of an image.
@@ -335,7 +376,7 @@ pub struct ImageSummary {
 pub fn summarize(image: &[u8]) -> Result<ImageSummary, ImageError> {
     let mut records = 0u64;
     let mut live: HashSet<Bytes> = HashSet::new();
-    let (meta, _, _) = parse(image, &mut |_, record| {
+    let (meta, _, _, _) = parse(image, &mut |_, record| {
         records += 1;
         if record.tombstone {
             live.remove(&record.key);
@@ -380,8 +421,8 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// An image's header, members' attributes and leases.
-type Parsed = (ImageMeta, BTreeMap<u64, MemberAttributes>, BTreeMap<LeaseId, Lease>);
+/// An image's header, members' attributes, leases and auth store.
+type Parsed = (ImageMeta, BTreeMap<u64, MemberAttributes>, BTreeMap<LeaseId, Lease>, AuthState);
 
 /// Verifies `image` and hands each record to `visit`, in order; returns the header, the
 /// members' attributes and the leases.
@@ -391,7 +432,7 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
         return Err(ImageError::WrongMagic);
     }
     let version = head.u32()?;
-    if version != VERSION && version != VERSION_NO_LEASES {
+    if ![VERSION, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
         return Err(ImageError::UnknownVersion(version));
     }
     let Some(body_len) = image.len().checked_sub(CHECKSUM_LEN).filter(|n| *n >= HEADER_LEN) else {
@@ -432,10 +473,21 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
     let members = parse_members(&mut cur)?;
     let leases =
         if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(&mut cur)? };
+    let auth = if version == VERSION {
+        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
+        AuthState::decode(cur.take(len)?).map_err(|e| {
+            ImageError::BadAuth(match e {
+                BackendError::Corrupt(why) => why,
+                _ => "undecodable",
+            })
+        })?
+    } else {
+        AuthState::default()
+    };
     if !cur.0.is_empty() {
         return Err(ImageError::TrailingBytes);
     }
-    Ok((meta, members, leases))
+    Ok((meta, members, leases, auth))
 }
 
 /// The lease section: a count, then each lease, in increasing id order.

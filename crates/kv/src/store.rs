@@ -28,7 +28,10 @@ pub use events::History;
 pub use read::{RangeRead, KV_OVERHEAD_BYTES};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use crate::auth::AuthState;
 
 use crate::backend::{Backend, BackendError, BackendView, Meta, Record, WriteBatch};
 use crate::exec::{Exec, Reader};
@@ -72,6 +75,8 @@ struct Inner {
     leases: LeaseTable,
     /// Every raised alarm, as executed.
     alarms: BTreeSet<AlarmMember>,
+    /// The auth store, as executed; shared with checkers, copied when a change is executed.
+    auth: Arc<AuthState>,
 }
 
 impl Inner {
@@ -82,6 +87,7 @@ impl Inner {
         members: BTreeMap<u64, MemberAttributes>,
         leases: BTreeMap<LeaseId, Lease>,
         alarms: BTreeSet<AlarmMember>,
+        auth: AuthState,
         meta: Meta,
         epoch: u64,
     ) -> Inner {
@@ -105,6 +111,7 @@ impl Inner {
             ring: EventRing::new(RING_BYTES),
             leases,
             alarms,
+            auth: Arc::new(auth),
         }
     }
 }
@@ -118,6 +125,8 @@ pub struct Store<B: Backend> {
     writer: Mutex<()>,
     /// The revisions of range reads in progress, whose history compaction keeps for now.
     pins: Arc<read::Pins>,
+    /// Whether the executed auth store is enabled: the one check a request makes when it is not.
+    auth_enabled: AtomicBool,
 }
 
 /// One committed Raft entry for the store: its index, and its command if it carries one.
@@ -148,13 +157,14 @@ impl<B: Backend> Store<B> {
     /// Opens the store, rebuilding the index from the backend's history.
     pub fn open(backend: B) -> Result<Store<B>, BackendError> {
         let mut index = Index::default();
-        let (meta, members, leases, alarms);
+        let (meta, members, leases, alarms, auth);
         {
             let view = backend.view()?;
             meta = view.meta()?;
             members = view.members()?;
             leases = view.leases()?;
             alarms = view.alarms()?;
+            auth = view.auth()?.map(|raw| AuthState::decode(&raw)).transpose()?.unwrap_or_default();
             let mut last = RevisionId::default();
             let mut ordered = true;
             view.scan(RevisionId::default(), &mut |rev, rec| {
@@ -168,12 +178,14 @@ impl<B: Backend> Store<B> {
                 return Err(BackendError::Corrupt("history out of revision order"));
             }
         }
-        let inner = Inner::new(index, members, leases, alarms, meta, 0);
+        let auth_enabled = AtomicBool::new(auth.enabled);
+        let inner = Inner::new(index, members, leases, alarms, auth, meta, 0);
         Ok(Store {
             backend,
             inner: RwLock::new(inner),
             writer: Mutex::new(()),
             pins: Arc::default(),
+            auth_enabled,
         })
     }
 
@@ -269,6 +281,16 @@ impl<B: Backend> Store<B> {
         self.read().members.get(&id).cloned()
     }
 
+    /// Whether auth is enabled, as executed: one atomic load.
+    pub fn auth_enabled(&self) -> bool {
+        self.auth_enabled.load(Ordering::Acquire)
+    }
+
+    /// The auth store, as executed.
+    pub fn auth(&self) -> Arc<AuthState> {
+        self.read().auth.clone()
+    }
+
     /// A read at the request's revision (0: the latest executed one).
     pub fn range(&self, req: &RangeRequest) -> Result<RangeResponse, KvError> {
         let inner = self.read();
@@ -322,8 +344,10 @@ impl<B: Backend> Store<B> {
             events: Vec::new(),
             leases: &mut inner.leases,
             alarms: &mut inner.alarms,
+            auth: &mut inner.auth,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
+        self.auth_enabled.store(exec.auth.enabled, Ordering::Release);
         inner.unflushed = std::mem::take(&mut exec.pending);
         if let Some(e) = failure {
             return Err(e);
@@ -372,6 +396,9 @@ impl<B: Backend> Store<B> {
             batch.leases.extend(p.batch.leases);
             if p.batch.alarms.is_some() {
                 batch.alarms = p.batch.alarms;
+            }
+            if p.batch.auth.is_some() {
+                batch.auth = p.batch.auth;
             }
         }
         batch.meta = Some(Meta { applied_index, current, compacted, compacted_physically });

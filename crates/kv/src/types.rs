@@ -454,6 +454,26 @@ pub enum Command {
     AlarmActivate(AlarmMember),
     /// Clears an alarm (etcd's DEACTIVATE); clearing one not raised changes nothing.
     AlarmDeactivate(AlarmMember),
+    /// A change to the auth store (users, roles, enabling).
+    Auth(crate::auth::AuthCommand),
+    /// A client's command with who asked: applied only if that caller may, with the auth store
+    /// as of this entry (etcd's request header with its user and auth revision).
+    Authorized {
+        /// Who asked.
+        caller: crate::auth::Caller,
+        /// What they asked.
+        command: Box<Command>,
+    },
+}
+
+impl Command {
+    /// The command itself, without the caller it may carry.
+    pub fn without_caller(&self) -> &Command {
+        match self {
+            Command::Authorized { command, .. } => command,
+            c => c,
+        }
+    }
 }
 
 /// The result of applying a [`Command`].
@@ -486,4 +506,11 @@ pub enum CommandResponse {
     /// The alarm the request changed, as etcd answers: present if it was raised (activate)
     /// or had been raised (deactivate), absent if the request changed nothing.
     Alarm(Option<AlarmMember>),
+    /// The auth store changed (or was already as asked); the key revision did not move.
+    Auth {
+        /// The store's revision.
+        revision: Revision,
+        /// The auth revision after the change.
+        auth_revision: u64,
+    },
 }

@@ -200,7 +200,10 @@ fn raw_image_with(
     records: &[u8],
     members: &[u8],
 ) -> Vec<u8> {
-    let leases = if version >= 3 { 0u64.to_be_bytes().to_vec() } else { Vec::new() };
+    let mut leases = if version >= 3 { 0u64.to_be_bytes().to_vec() } else { Vec::new() };
+    if version >= 4 {
+        leases.extend(new_auth_section());
+    }
     raw_image_leases(
         version,
         applied,
@@ -210,6 +213,12 @@ fn raw_image_with(
         records,
         &[members, &leases].concat(),
     )
+}
+
+/// The auth section of a store that never changed its auth store (version 4 on).
+fn new_auth_section() -> Vec<u8> {
+    let auth = cairn_kv::auth::AuthState::default().encode();
+    [&(auth.len() as u64).to_be_bytes()[..], &auth].concat()
 }
 
 /// [`raw_image_with`] with everything after the records given (members, then leases).
@@ -348,8 +357,12 @@ fn the_image_layout_is_as_documented() {
         after.put_i64(ttl);
         after.put_i64(remaining);
     }
-    assert_eq!(store.image().unwrap(), raw_image_leases(3, 11, 5, 4, 3, &records, &after));
-    assert_eq!(snapshot::empty_image(9), raw_image(3, 9, 1, -1, 0, &[]));
+    after.extend(new_auth_section());
+    assert_eq!(store.image().unwrap(), raw_image_leases(4, 11, 5, 4, 3, &records, &after));
+    assert_eq!(snapshot::empty_image(9), raw_image(4, 9, 1, -1, 0, &[]));
+    // Version 3 (no auth section) is still read, as holding a new auth store.
+    let v3 = snapshot::decode(&raw_image(3, 9, 1, -1, 0, &[])).unwrap();
+    assert_eq!(*v3.auth(), cairn_kv::auth::AuthState::default());
     // Version 2 (no lease section) is still read, as holding no leases.
     let v2 = snapshot::decode(&raw_image(2, 9, 1, -1, 0, &[])).unwrap();
     assert!(v2.leases().is_empty());

@@ -11,7 +11,7 @@ const VERSION: u8 = 1;
 
 /// A decoding failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DecodeError(&'static str);
+pub struct DecodeError(pub(crate) &'static str);
 
 impl std::fmt::Display for DecodeError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -21,38 +21,38 @@ impl std::fmt::Display for DecodeError {
 
 impl std::error::Error for DecodeError {}
 
-struct W(Vec<u8>);
+pub(crate) struct W(pub(crate) Vec<u8>);
 
 impl W {
-    fn bytes(&mut self, b: &[u8]) {
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
         self.0.put_u32(b.len() as u32);
         self.0.put_slice(b);
     }
-    fn i64(&mut self, v: i64) {
+    pub(crate) fn i64(&mut self, v: i64) {
         self.0.put_i64(v);
     }
-    fn u8(&mut self, v: u8) {
+    pub(crate) fn u8(&mut self, v: u8) {
         self.0.put_u8(v);
     }
-    fn bool(&mut self, v: bool) {
+    pub(crate) fn bool(&mut self, v: bool) {
         self.0.put_u8(u8::from(v));
     }
-    fn u64(&mut self, v: u64) {
+    pub(crate) fn u64(&mut self, v: u64) {
         self.0.put_u64(v);
     }
 }
 
-struct R<'a>(&'a [u8]);
+pub(crate) struct R<'a>(pub(crate) &'a [u8]);
 
 impl R<'_> {
-    fn need(&self, n: usize) -> Result<(), DecodeError> {
+    pub(crate) fn need(&self, n: usize) -> Result<(), DecodeError> {
         if self.0.len() < n {
             Err(DecodeError("truncated"))
         } else {
             Ok(())
         }
     }
-    fn bytes(&mut self) -> Result<Bytes, DecodeError> {
+    pub(crate) fn bytes(&mut self) -> Result<Bytes, DecodeError> {
         self.need(4)?;
         let n = self.0.get_u32() as usize;
         self.need(n)?;
@@ -60,25 +60,25 @@ impl R<'_> {
         self.0.advance(n);
         Ok(b)
     }
-    fn i64(&mut self) -> Result<i64, DecodeError> {
+    pub(crate) fn i64(&mut self) -> Result<i64, DecodeError> {
         self.need(8)?;
         Ok(self.0.get_i64())
     }
-    fn u8(&mut self) -> Result<u8, DecodeError> {
+    pub(crate) fn u8(&mut self) -> Result<u8, DecodeError> {
         self.need(1)?;
         Ok(self.0.get_u8())
     }
-    fn bool(&mut self) -> Result<bool, DecodeError> {
+    pub(crate) fn bool(&mut self) -> Result<bool, DecodeError> {
         Ok(self.u8()? != 0)
     }
-    fn u64(&mut self) -> Result<u64, DecodeError> {
+    pub(crate) fn u64(&mut self) -> Result<u64, DecodeError> {
         self.need(8)?;
         Ok(self.0.get_u64())
     }
-    fn string(&mut self) -> Result<String, DecodeError> {
+    pub(crate) fn string(&mut self) -> Result<String, DecodeError> {
         String::from_utf8(self.bytes()?.to_vec()).map_err(|_| DecodeError("string not UTF-8"))
     }
-    fn count(&mut self) -> Result<usize, DecodeError> {
+    pub(crate) fn count(&mut self) -> Result<usize, DecodeError> {
         self.need(4)?;
         let n = self.0.get_u32() as usize;
         // Each element takes at least one byte: a count beyond the input is corrupt.
@@ -143,6 +143,15 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
             w.u8(21);
             alarm(&mut w, a);
         }
+        Command::Auth(change) => crate::command_auth::auth(&mut w, change),
+        Command::Authorized { caller, command } => {
+            w.u8(crate::command_auth::AUTHORIZED);
+            w.bytes(caller.user.as_bytes());
+            w.u64(caller.revision);
+            let inner = encode(0, command);
+            // The inner command's own framing, without its version and id.
+            w.bytes(&inner[9..]);
+        }
     }
     w.0.into()
 }
@@ -173,6 +182,20 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
         }
         20 => Command::AlarmActivate(get_alarm(&mut r)?),
         21 => Command::AlarmDeactivate(get_alarm(&mut r)?),
+        crate::command_auth::AUTHORIZED => {
+            let user = r.string()?;
+            let revision = r.u64()?;
+            let inner = r.bytes()?;
+            let mut framed = vec![VERSION];
+            framed.extend_from_slice(&[0; 8]);
+            framed.extend_from_slice(&inner);
+            let command = match decode(&framed)?.1 {
+                Command::Authorized { .. } => return Err(DecodeError("a caller inside a caller")),
+                c => Box::new(c),
+            };
+            Command::Authorized { caller: cairn_kv::auth::Caller { user, revision }, command }
+        }
+        tag @ 30..=49 => Command::Auth(crate::command_auth::get_auth(tag, &mut r)?),
         _ => return Err(DecodeError("unknown command")),
     };
     if !r.0.is_empty() {

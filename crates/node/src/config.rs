@@ -60,6 +60,11 @@ pub struct EngineConfig {
     /// Expired leases revoked per second at most, so a storm of expiries never starves
     /// writes. Default 1,000 (etcd's fixed rate).
     pub lease_revoke_rate: u64,
+    /// bcrypt's cost for the passwords this member hashes (etcd's `--bcrypt-cost`, 4 to 31).
+    /// Default 10, etcd's.
+    pub bcrypt_cost: u32,
+    /// How long a simple auth token lives unused (etcd's `--auth-token-ttl`). Default 300 s.
+    pub auth_token_ttl: Duration,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -96,6 +101,8 @@ impl EngineConfig {
             cluster: None,
             advertise_client_urls: Vec::new(),
             lease_revoke_rate: 1000,
+            bcrypt_cost: 10,
+            auth_token_ttl: Duration::from_secs(300),
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

@@ -1,8 +1,9 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
+mod auth;
 mod lease;
-mod range;
 mod maintenance;
+mod range;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
 pub use range::RangePlan;
@@ -52,6 +53,8 @@ pub struct Engine {
     lease_clock: Arc<crate::lease_clock::LeaseClock>,
     driver: Mutex<Option<JoinHandle<()>>>,
     ids: RequestIds,
+    /// The simple auth tokens this member issued.
+    tokens: auth::Tokens,
     cfg: EngineConfig,
     _lock: crate::datadir::DirLock,
 }
@@ -221,6 +224,7 @@ impl Engine {
             lease_clock,
             driver: Mutex::new(Some(handle)),
             ids: RequestIds::new(id, now_micros()),
+            tokens: auth::Tokens::default(),
             cfg,
             _lock: lock,
         })
@@ -374,10 +378,7 @@ impl Engine {
 
     /// etcd's `Put`: sets a key's value, in a new revision.
     pub async fn put(&self, req: PutRequest) -> Result<PutResponse, EngineError> {
-        match self.propose(Command::Put(req)).await? {
-            CommandResponse::Put(r) => Ok(r),
-            _ => Err(EngineError::Internal("a put answered with another response")),
-        }
+        self.put_as(None, req).await
     }
 
     /// etcd's `DeleteRange`: deletes a key or a range of keys, in one revision.
@@ -385,18 +386,12 @@ impl Engine {
         &self,
         req: DeleteRangeRequest,
     ) -> Result<DeleteRangeResponse, EngineError> {
-        match self.propose(Command::DeleteRange(req)).await? {
-            CommandResponse::DeleteRange(r) => Ok(r),
-            _ => Err(EngineError::Internal("a delete answered with another response")),
-        }
+        self.delete_range_as(None, req).await
     }
 
     /// etcd's `Txn`: compares, then runs one branch, atomically and in one revision.
     pub async fn txn(&self, req: TxnRequest) -> Result<TxnResponse, EngineError> {
-        match self.propose(Command::Txn(req)).await? {
-            CommandResponse::Txn(r) => Ok(r),
-            _ => Err(EngineError::Internal("a transaction answered with another response")),
-        }
+        self.txn_as(None, req).await
     }
 
     /// etcd's `Compact`: discards the history before a revision (reads and watches from

@@ -43,6 +43,7 @@ pub mod cluster;
 // it (its docs are hidden).
 #[doc(hidden)]
 pub mod command;
+mod command_auth;
 #[doc(hidden)]
 pub mod committer;
 mod config;

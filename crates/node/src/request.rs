@@ -21,6 +21,16 @@ pub struct Limits {
 /// Checks `cmd` as etcd does before proposing it and encodes it under `id`. A refusal here is
 /// certain: nothing was proposed.
 pub fn prepare(id: RequestId, cmd: &Command, limits: Limits) -> Result<Bytes, EngineError> {
+    check(cmd, limits)?;
+    let data = crate::command::encode(id.0, cmd);
+    if data.len() > limits.max_request_bytes {
+        return Err(EngineError::RequestTooLarge);
+    }
+    Ok(data)
+}
+
+/// etcd's checks of a command before it is proposed.
+fn check(cmd: &Command, limits: Limits) -> Result<(), EngineError> {
     match cmd {
         Command::Put(p) => check_put(p)?,
         Command::DeleteRange(d) if d.key.is_empty() => return Err(KvError::EmptyKey.into()),
@@ -35,11 +45,9 @@ pub fn prepare(id: RequestId, cmd: &Command, limits: Limits) -> Result<Bytes, En
         | Command::LeaseRevoke { .. }
         | Command::LeaseCheckpoint { .. }
         | Command::AlarmActivate(_)
-        | Command::AlarmDeactivate(_) => {}
+        | Command::AlarmDeactivate(_)
+        | Command::Auth(_) => {}
+        Command::Authorized { command, .. } => return check(command, limits),
     }
-    let data = crate::command::encode(id.0, cmd);
-    if data.len() > limits.max_request_bytes {
-        return Err(EngineError::RequestTooLarge);
-    }
-    Ok(data)
+    Ok(())
 }

@@ -53,6 +53,13 @@ impl WatchStream {
         self.group.create(spec, head)
     }
 
+    /// Refuses a create the caller may not make (auth), as etcd does: a reply created and
+    /// canceled, carrying etcd's error text as the reason.
+    pub fn refuse(&mut self, reason: &'static str) {
+        let head = self.head();
+        self.group.refuse(cairn_kv::watch::group::CreateError::Denied(reason), head);
+    }
+
     /// Cancels a watcher; acknowledged with a `canceled` reply. Unknown ids are ignored.
     pub fn cancel(&mut self, id: i64) {
         let head = self.head();

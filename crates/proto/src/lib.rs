@@ -11,6 +11,10 @@ pub mod mvccpb {
     tonic::include_proto!("mvccpb");
 }
 
+pub mod authpb {
+    tonic::include_proto!("authpb");
+}
+
 pub mod etcdserverpb {
     tonic::include_proto!("etcdserverpb");
 }
@@ -21,6 +25,10 @@ pub mod etcdserverpb {
 pub mod wire {
     pub mod mvccpb {
         include!(concat!(env!("OUT_DIR"), "/wire/mvccpb.rs"));
+    }
+
+    pub mod authpb {
+        include!(concat!(env!("OUT_DIR"), "/wire/authpb.rs"));
     }
 
     pub mod etcdserverpb {

@@ -1,6 +1,7 @@
 //! The one place where cairn's errors become gRPC statuses: etcd's code and exact message, which
 //! etcd clients match on (etcd's `api/v3rpc/rpctypes/error.go`).
 
+use cairn_kv::auth::AuthError;
 use cairn_kv::KvError;
 use cairn_node::EngineError;
 use tonic::{Code, Status};
@@ -20,6 +21,7 @@ pub fn status(e: EngineError) -> Status {
             KvError::LeaseNotFound => Code::NotFound,
             KvError::LeaseExist => Code::FailedPrecondition,
             KvError::LeaseTtlTooLarge => Code::OutOfRange,
+            KvError::Auth(a) => auth_code(*a),
             KvError::Backend(_) => Code::DataLoss,
             KvError::Interrupted => Code::Unavailable,
             _ => Code::Internal,
@@ -42,6 +44,29 @@ pub fn status(e: EngineError) -> Status {
         _ => Code::Internal,
     };
     Status::new(code, e.etcd_message())
+}
+
+/// etcd's gRPC code for each auth error (`api/v3rpc/rpctypes/error.go`).
+fn auth_code(e: AuthError) -> Code {
+    match e {
+        AuthError::RootUserNotExist
+        | AuthError::RootRoleNotExist
+        | AuthError::UserAlreadyExist
+        | AuthError::UserNotFound
+        | AuthError::RoleAlreadyExist
+        | AuthError::RoleNotFound
+        | AuthError::RoleNotGranted
+        | AuthError::PermissionNotGranted
+        | AuthError::AuthNotEnabled => Code::FailedPrecondition,
+        AuthError::UserEmpty
+        | AuthError::RoleEmpty
+        | AuthError::AuthFailed
+        | AuthError::PermissionNotGiven
+        | AuthError::InvalidAuthMgmt
+        | AuthError::AuthOldRevision => Code::InvalidArgument,
+        AuthError::PermissionDenied => Code::PermissionDenied,
+        AuthError::InvalidAuthToken => Code::Unauthenticated,
+    }
 }
 
 /// etcd's answer to a stream or call made with `hasleader=true` when there is no leader.

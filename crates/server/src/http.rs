@@ -166,12 +166,6 @@ pub(crate) fn unimplemented_message(path: &str) -> String {
         return format!("malformed method name: {path:?}");
     };
     match service {
-        "etcdserverpb.Auth" if method == "Authenticate" => "cairn does not implement \
-            Auth.Authenticate yet: it has no users or authentication; connect without --user"
-            .to_string(),
-        "etcdserverpb.Auth" => format!(
-            "cairn does not implement Auth.{method} yet: it has no users, roles or authentication"
-        ),
         "v3lockpb.Lock" | "v3electionpb.Election" => format!(
             "cairn does not implement {service}/{method} yet (etcdctl lock and elect work: they \
              use the KV, Lease and Watch services)"
@@ -181,6 +175,7 @@ pub(crate) fn unimplemented_message(path: &str) -> String {
         | "etcdserverpb.Lease"
         | "etcdserverpb.Cluster"
         | "etcdserverpb.Maintenance"
+        | "etcdserverpb.Auth"
         | "grpc.health.v1.Health" => {
             format!("unknown method {method} for service {service} (cairn)")
         }

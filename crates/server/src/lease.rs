@@ -302,8 +302,9 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         self.check_leader(&req)?;
-        let revision =
-            self.engine.lease_revoke(LeaseId(req.into_inner().id)).await.map_err(status)?;
+        let caller = crate::auth::caller(&self.engine, req.metadata())?;
+        let id = LeaseId(req.into_inner().id);
+        let revision = self.engine.lease_revoke_as(caller, id).await.map_err(status)?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: self.header().at(revision) }))
     }
 

@@ -20,6 +20,7 @@
 
 #[cfg(feature = "server")]
 mod alarm;
+mod auth;
 #[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
@@ -208,7 +209,8 @@ pub async fn serve(
         .add_service(etcd_service!(
             cairn_proto::wire::etcdserverpb::watch_server::WatchServer::new(ctx.clone())
         ))
-        .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())));
+        .add_service(etcd_service!(pb::lease_server::LeaseServer::new(ctx.clone())))
+        .add_service(etcd_service!(pb::auth_server::AuthServer::new(ctx.clone())));
     let grpc_routes = routes
         .into_axum_router()
         .layer(tower::util::MapRequestLayer::new(

@@ -112,6 +112,17 @@ struct ServeArgs {
     /// never starves writes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     lease_revoke_rate: u64,
+    /// bcrypt's cost for the passwords of users added or changed through this member (etcd's
+    /// default: 10; lower is faster and weaker).
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(4..=31))]
+    bcrypt_cost: u32,
+    /// The auth token provider: `simple` (random tokens kept by the member that issued them).
+    /// etcd's `jwt,...` is not supported yet.
+    #[arg(long, default_value = "simple")]
+    auth_token: String,
+    /// Seconds a simple auth token lives after its last use.
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
+    auth_token_ttl: u64,
     /// Most client connections open at once (0: no cap of its own). Never more than the
     /// open-file limit allows once descriptors are kept for the WAL, database and peers; past
     /// the cap, new connections are closed at once. etcd has no such flag.
@@ -244,6 +255,14 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
+    if a.auth_token != "simple" {
+        anyhow::bail!(
+            "--auth-token {:?}: cairn supports only simple tokens (jwt is not supported yet)",
+            a.auth_token
+        );
+    }
+    engine.bcrypt_cost = a.bcrypt_cost;
+    engine.auth_token_ttl = std::time::Duration::from_secs(a.auth_token_ttl);
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }

@@ -9,6 +9,7 @@ use cairn_proto::etcdserverpb as pb;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
+use crate::auth::{auth_status, caller, check_admin};
 use crate::convert::{self, Header};
 use crate::errors::{no_leader, not_yet, status};
 use crate::range_budget::{self, RangeBudget};
@@ -60,7 +61,11 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         self.check_leader(&req)?;
+        let caller = caller(&self.engine, req.metadata())?;
         let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
+        if let Some(c) = &caller {
+            self.engine.auth_state().check_range(c, &req).map_err(auth_status)?;
+        }
         let plan = self.engine.range_plan(req).await.map_err(status)?;
         // A large answer is read only once its bytes fit in the budget, and they stay charged
         // until the response is sent (range_budget.rs).
@@ -88,7 +93,9 @@ impl pb::kv_server::Kv for Ctx {
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
         self.check_leader(&req)?;
-        let r = self.engine.put(convert::put_req(req.into_inner())).await.map_err(status)?;
+        let caller = caller(&self.engine, req.metadata())?;
+        let put = convert::put_req(req.into_inner());
+        let r = self.engine.put_as(caller, put).await.map_err(status)?;
         Ok(Response::new(self.header().put(r)))
     }
 
@@ -97,18 +104,17 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
         self.check_leader(&req)?;
-        let r = self
-            .engine
-            .delete_range(convert::delete_req(req.into_inner()))
-            .await
-            .map_err(status)?;
+        let caller = caller(&self.engine, req.metadata())?;
+        let delete = convert::delete_req(req.into_inner());
+        let r = self.engine.delete_range_as(caller, delete).await.map_err(status)?;
         Ok(Response::new(self.header().delete(r)))
     }
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         self.check_leader(&req)?;
+        let caller = caller(&self.engine, req.metadata())?;
         let txn = convert::txn_req(req.into_inner()).map_err(|e| status(e.into()))?;
-        let r = self.engine.txn(txn).await.map_err(status)?;
+        let r = self.engine.txn_as(caller, txn).await.map_err(status)?;
         Ok(Response::new(self.header().txn(r)))
     }
 
@@ -130,7 +136,11 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::RangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
         self.check_leader(&req)?;
+        let caller = caller(&self.engine, req.metadata())?;
         let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
+        if let Some(c) = &caller {
+            self.engine.auth_state().check_range(c, &req).map_err(auth_status)?;
+        }
         crate::range_stream::start(self.clone(), req).await
     }
 }
@@ -188,6 +198,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         req: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
+        check_admin(&self.engine, req.metadata())?;
         let rev = cairn_kv::Revision(req.into_inner().revision);
         let h = self.engine.hash_kv(rev).map_err(status)?;
         let current = self.engine.revision();

@@ -48,8 +48,10 @@ impl wpb::watch_server::Watch for Ctx {
         // Replies encoded ahead of the client (`pipe::SLOTS` of them): the rest waits in the
         // engine as history, not here. Boxed, so the slots of an idle stream stay small.
         let (tx, rx) = pipe::<Reply>();
+        let token = crate::auth::token(req.metadata()).map(Box::from);
         let stream = Box::new(Served {
             engine: self.engine.clone(),
+            token,
             ws,
             requests: req.into_inner(),
             read: VecDeque::new(),
@@ -84,6 +86,8 @@ enum Last {
 /// (unallocated) while the stream is idle.
 struct Served {
     engine: Arc<Engine>,
+    /// The auth token the stream was opened with: each create is checked with it.
+    token: Option<Box<[u8]>>,
     ws: WatchStream,
     requests: Streaming<wpb::WatchRequest>,
     /// Requests read but not yet handled.
@@ -206,7 +210,7 @@ impl Served {
             return Ok(());
         }
         if let Some(req) = self.read.pop_front() {
-            handle(&mut self.ws, req);
+            handle(&mut self.ws, req, &self.engine, self.token.as_deref());
             self.recount_watchers();
             if self.read.is_empty() {
                 // An idle stream keeps no queue (requests are rare next to replies).
@@ -240,10 +244,20 @@ async fn tick(ticker: &mut Option<tokio::time::Interval>) {
     }
 }
 
-fn handle(ws: &mut WatchStream, req: wpb::WatchRequest) {
+fn handle(ws: &mut WatchStream, req: wpb::WatchRequest, engine: &Engine, token: Option<&[u8]>) {
     use wpb::watch_request::RequestUnion as R;
     match req.request_union {
         Some(R::CreateRequest(c)) => {
+            // etcd checks read on the watched keys at each create, refusing with its error text.
+            let allowed = crate::auth::caller_for_token(engine, token).and_then(|caller| {
+                let Some(caller) = caller else { return Ok(()) };
+                let state = engine.auth_state();
+                state.check(&caller, &c.key, &c.range_end, cairn_kv::auth::PermType::Read)
+            });
+            if let Err(e) = allowed {
+                ws.refuse(crate::auth::watch_cancel_reason(e));
+                return;
+            }
             // A refusal is a reply of its own (created and canceled, with etcd's reason).
             let _ = ws.create(spec(c));
         }

@@ -28,7 +28,10 @@ async fn serve(tag: &str, dir: &Path, files: TlsFiles) -> (u16, tokio::sync::one
         watch_progress_interval: Duration::from_secs(600),
         max_concurrent_streams: u32::MAX,
         max_client_conns: 0,
+        max_range_bytes_in_flight: 0,
         client_tls: Some(files),
+        listen_metrics_urls: vec![],
+        corrupt_check_interval: None,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

@@ -24,6 +24,7 @@ struct State {
     members: BTreeMap<u64, Vec<u8>>,
     leases: BTreeMap<LeaseId, Vec<u8>>,
     alarms: Vec<u8>,
+    auth: Option<Vec<u8>>,
     meta: Meta,
 }
 
@@ -36,6 +37,8 @@ enum Undo {
         members: Vec<(u64, Option<Vec<u8>>)>,
         leases: Vec<(LeaseId, Option<Vec<u8>>)>,
         alarms: Vec<u8>,
+        /// The auth store before the commit, if the commit replaced it.
+        auth: Option<Option<Vec<u8>>>,
         meta: Meta,
     },
     /// The commit replaced everything: restore the whole previous state.
@@ -77,7 +80,7 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, members, leases, alarms, meta } => {
+            Undo::Changes { records, members, leases, alarms, auth, meta } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
@@ -98,6 +101,9 @@ impl SimBackend {
                     };
                 }
                 state.alarms = alarms;
+                if let Some(auth) = auth {
+                    state.auth = auth;
+                }
                 state.meta = meta;
             }
         }
@@ -153,6 +159,7 @@ impl Backend for SimBackend {
                 None => (id, state.leases.remove(&id)),
             })
             .collect();
+        let auth = batch.auth.map(|raw| state.auth.replace(raw));
         let old_meta = state.meta;
         let old_alarms = match batch.alarms {
             Some(alarms) => std::mem::replace(&mut state.alarms, alarms),
@@ -170,6 +177,7 @@ impl Backend for SimBackend {
             members,
             leases,
             alarms: old_alarms,
+            auth,
             meta: old_meta,
         });
         Ok(())
@@ -186,7 +194,7 @@ impl Backend for SimBackend {
             batch.leases.into_iter().filter_map(|(id, raw)| raw.map(|raw| (id, raw))).collect();
         let meta = batch.meta.unwrap_or_default();
         let alarms = batch.alarms.unwrap_or_else(|| disk.state.alarms.clone());
-        let state = Arc::new(State { records, members, leases, alarms, meta });
+        let state = Arc::new(State { records, members, leases, alarms, auth: batch.auth, meta });
         let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
@@ -234,5 +242,8 @@ impl BackendView for SimView {
 
     fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError> {
         decode_alarms(&self.0.alarms)
+    }
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.auth.clone())
     }
 }

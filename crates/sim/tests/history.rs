@@ -699,6 +699,9 @@ fn changed_write(result: &WriteResult) -> WriteResult {
             | CommandResponse::LeaseCheckpoint
             | CommandResponse::Alarm(_),
         ) => Err(KvError::Compacted),
+        Ok(CommandResponse::Auth { revision, auth_revision }) => {
+            Ok(CommandResponse::Auth { revision, auth_revision: auth_revision + 1 })
+        }
         Err(KvError::Compacted) => Err(KvError::FutureRev),
         Err(_) => Err(KvError::Compacted),
     }

@@ -28,6 +28,8 @@ const META_KEY: &[u8] = b"meta";
 /// The raised alarms ([`cairn_kv::backend::encode_alarms`]), in the meta database beside the
 /// meta record.
 const ALARMS_KEY: &[u8] = b"alarms";
+/// The encoded auth store, beside the meta record: small, and always replaced whole.
+const AUTH_KEY: &[u8] = b"auth";
 
 /// An LMDB failure: what was being done, and where (the directory for a failure to open, the
 /// database file for a failed write).
@@ -186,10 +188,12 @@ impl Handles {
         }
         self.members.clear(wtxn).map_err(err("clear members"))?;
         self.leases.clear(wtxn).map_err(err("clear leases"))?;
+        // A replace without an auth store leaves none.
+        self.meta.delete(wtxn, AUTH_KEY).map_err(err("clear auth"))?;
         self.write_rest(wtxn, batch)
     }
 
-    /// Members, leases, alarms and meta: written the same way by a commit and a replace.
+    /// Members, leases, alarms, the auth store and meta: written the same way by a commit and a replace.
     fn write_rest(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
         for (id, attributes) in &batch.members {
             self.members.put(wtxn, &id.to_be_bytes(), attributes).map_err(err("put member"))?;
@@ -197,6 +201,9 @@ impl Handles {
         self.write_leases(wtxn, batch)?;
         if let Some(a) = &batch.alarms {
             self.meta.put(wtxn, ALARMS_KEY, a).map_err(err("put alarms"))?;
+        }
+        if let Some(auth) = &batch.auth {
+            self.meta.put(wtxn, AUTH_KEY, auth).map_err(err("put auth"))?;
         }
         if let Some(m) = &batch.meta {
             self.meta.put(wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
@@ -386,6 +393,10 @@ impl BackendView for LmdbView {
             Some(raw) => decode_alarms(raw),
             None => Ok(BTreeSet::new()),
         }
+    }
+    fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        let raw = self.h.meta.get(&self.txn, AUTH_KEY).map_err(err("get auth"))?;
+        Ok(raw.map(<[u8]>::to_vec))
     }
 
     fn leases(&self) -> Result<BTreeMap<LeaseId, Lease>, BackendError> {

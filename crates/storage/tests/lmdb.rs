@@ -262,3 +262,26 @@ fn an_installed_image_survives_a_reopen() {
     drop(target);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn the_auth_store_survives_a_reopen_and_a_replace_sets_it() {
+    let dir = temp_dir("auth");
+    {
+        let backend = LmdbBackend::open(&dir, 1 << 26).expect("open");
+        assert_eq!(backend.view().expect("view").auth().expect("auth"), None, "none stored yet");
+        let batch = WriteBatch { auth: Some(b"first".to_vec()), ..WriteBatch::default() };
+        backend.commit(batch).expect("commit");
+        // A commit without an auth store keeps the stored one.
+        backend
+            .commit(WriteBatch { meta: Some(meta(3, 1)), ..WriteBatch::default() })
+            .expect("commit");
+    }
+    let backend = LmdbBackend::open(&dir, 1 << 26).expect("reopen");
+    assert_eq!(backend.view().expect("view").auth().expect("auth"), Some(b"first".to_vec()));
+    backend.replace(WriteBatch::default()).expect("replace");
+    assert_eq!(backend.view().expect("view").auth().expect("auth"), None, "an image without one");
+    let batch = WriteBatch { auth: Some(b"second".to_vec()), ..WriteBatch::default() };
+    backend.replace(batch).expect("replace");
+    assert_eq!(backend.view().expect("view").auth().expect("auth"), Some(b"second".to_vec()));
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}

@@ -63,7 +63,7 @@ impl<B: Backend> Store<B> {
     /// complete (so the image does not depend on how far compaction got), every member's
     /// published attributes and every lease.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let (meta, members, leases, capture) = {
+        let (meta, members, leases, auth, capture) = {
             let inner = self.read();
             let meta = ImageMeta {
                 applied_index: inner.exec_applied,
@@ -72,11 +72,12 @@ impl<B: Backend> Store<B> {
             };
             let revs = inner.index.retained(inner.exec_compacted);
             let leases = inner.leases.all().clone();
-            (meta, inner.members.clone(), leases, self.capture(&inner, revs)?)
+            let auth = inner.auth.clone();
+            (meta, inner.members.clone(), leases, auth, self.capture(&inner, revs)?)
         };
         let mut encoder = Encoder::new(meta);
         capture.visit(|rev, record| encoder.push(rev, record))?;
-        Ok(encoder.finish(&members, &leases))
+        Ok(encoder.finish_with_auth(&members, &leases, &auth))
     }
 
     /// The same image as [`Store::image`], streamed: encoded piece by piece as the caller reads
@@ -118,6 +119,8 @@ impl<B: Backend> Store<B> {
         };
         let mut index = Index::default();
         let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
+        let auth = image.auth().clone();
+        batch.auth = Some(auth.encode());
         let (records, members, leases) = image.into_parts();
         for (rev, record) in records {
             batch.puts.push((rev, record.encode()));
@@ -132,7 +135,10 @@ impl<B: Backend> Store<B> {
             self.backend.replace(batch).map_err(InstallError::Backend)?;
             // Images do not carry alarms: the member keeps its own (see ARCHITECTURE.md).
             let alarms = std::mem::take(&mut inner.alarms);
-            let mut installed = Inner::new(index, members, leases, alarms, meta, inner.epoch + 1);
+            let enabled = auth.enabled;
+            let epoch = inner.epoch + 1;
+            let mut installed = Inner::new(index, members, leases, alarms, auth, meta, epoch);
+            self.auth_enabled.store(enabled, std::sync::atomic::Ordering::Release);
             // The revisions between the old state and the image have no events here: watchers
             // read them from the image's history (or are canceled if it is compacted).
             installed.ring = crate::watch::EventRing::new(inner.ring.max_bytes());

@@ -50,6 +50,8 @@ pub enum CreateError {
     DuplicateId,
     /// The stream holds [`MAX_WATCHERS`], or [`MAX_KEY_BYTES`] of keys.
     TooManyWatchers,
+    /// The caller may not watch these keys (auth): etcd's error text.
+    Denied(&'static str),
 }
 
 impl CreateError {
@@ -60,6 +62,7 @@ impl CreateError {
             CreateError::EmptyRange => "mvcc: watcher range is empty",
             CreateError::DuplicateId => "mvcc: duplicate watch ID provided on the WatchStream",
             CreateError::TooManyWatchers => "cairn: too many watchers on one stream",
+            CreateError::Denied(why) => why,
         }
     }
 }
@@ -130,17 +133,22 @@ impl WatchGroup {
                 Ok(id)
             }
             Err(e) => {
-                self.out.push_back(WatchReply {
-                    watch_id: INVALID_WATCH_ID,
-                    revision: head,
-                    created: true,
-                    canceled: true,
-                    cancel_reason: e.reason(),
-                    ..WatchReply::default()
-                });
+                self.refuse(e, head);
                 Err(e)
             }
         }
+    }
+
+    /// Refuses a create without looking at it: a reply created and canceled, with the reason.
+    pub fn refuse(&mut self, e: CreateError, head: Revision) {
+        self.out.push_back(WatchReply {
+            watch_id: INVALID_WATCH_ID,
+            revision: head,
+            created: true,
+            canceled: true,
+            cancel_reason: e.reason(),
+            ..WatchReply::default()
+        });
     }
 
     fn check(&mut self, spec: &WatchSpec) -> Result<i64, CreateError> {

@@ -67,10 +67,7 @@ impl Engine {
 
     /// Revokes a lease: it and every key it holds are gone, in one revision (answered).
     pub async fn lease_revoke(&self, id: LeaseId) -> Result<Revision, EngineError> {
-        match self.propose(Command::LeaseRevoke { id }).await? {
-            CommandResponse::LeaseRevoke { revision } => Ok(revision),
-            _ => Err(EngineError::Internal("a lease revoke answered with another response")),
-        }
+        self.lease_revoke_as(None, id).await
     }
 
     /// Renews a lease for its full TTL from now; answers the TTL. Only the leader keeps lease

@@ -142,7 +142,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// The lease clock follows what was applied: grants start it, revokes stop it, cleared
     /// checkpoints let keepalives be answered.
     fn lessor_applied(&mut self, cmd: &Command, result: &Result<CommandResponse, KvError>) {
-        match (cmd, result) {
+        match (cmd.without_caller(), result) {
             (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => self.lessor_granted(*lease),
             (Command::LeaseRevoke { id }, Ok(_)) => self.lessor_revoked(*id),
             (Command::LeaseCheckpoint { checkpoints }, Ok(_)) => {
