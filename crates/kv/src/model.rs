@@ -199,8 +199,24 @@ impl Model {
                 Ok(CommandResponse::Compact(CompactResponse { revision: scratch.current }))
             }
             Command::PublishMember { member, attributes } => {
-                scratch.members.insert(*member, attributes.clone());
+                let entry = scratch.members.entry(*member).or_default();
+                if !entry.removed {
+                    entry.name.clone_from(&attributes.name);
+                    entry.client_urls.clone_from(&attributes.client_urls);
+                }
                 Ok(CommandResponse::PublishMember)
+            }
+            Command::Membership { peers, removed } => {
+                for (member, peer_urls) in peers {
+                    let entry = scratch.members.entry(*member).or_default();
+                    entry.peer_urls.clone_from(peer_urls);
+                    entry.removed = false;
+                }
+                for member in removed {
+                    let gone = MemberAttributes { removed: true, ..Default::default() };
+                    scratch.members.insert(*member, gone);
+                }
+                Ok(CommandResponse::Membership)
             }
             Command::LeaseGrant { id, ttl } => {
                 if scratch.leases.contains_key(id) {

@@ -137,6 +137,7 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
         rc.publish = Some(MemberAttributes {
             name: cfg.name.clone(),
             client_urls: cfg.advertise_client_urls.clone(),
+            ..Default::default()
         });
     }
     rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);

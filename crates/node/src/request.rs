@@ -31,6 +31,7 @@ pub fn prepare(id: RequestId, cmd: &Command, limits: Limits) -> Result<Bytes, En
         Command::DeleteRange(_)
         | Command::Compact(_)
         | Command::PublishMember { .. }
+        | Command::Membership { .. }
         | Command::LeaseGrant { .. }
         | Command::LeaseRevoke { .. }
         | Command::LeaseCheckpoint { .. } => {}

@@ -242,6 +242,7 @@ fn configured(ms: &[Member]) -> std::collections::BTreeMap<u64, MemberAttributes
             let attributes = MemberAttributes {
                 name: m.name.clone(),
                 client_urls: m.cfg.advertise_client_urls.clone(),
+                ..Default::default()
             };
             (m.engine.as_ref().expect("running").identity().1, attributes)
         })
