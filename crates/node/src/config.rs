@@ -60,6 +60,8 @@ pub struct EngineConfig {
     /// Expired leases revoked per second at most, so a storm of expiries never starves
     /// writes. Default 1,000 (etcd's fixed rate).
     pub lease_revoke_rate: u64,
+    /// Learners the cluster may hold at once (etcd's `--max-learners`). Default 1.
+    pub max_learners: usize,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -96,6 +98,7 @@ impl EngineConfig {
             cluster: None,
             advertise_client_urls: Vec::new(),
             lease_revoke_rate: 1000,
+            max_learners: 1,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -158,6 +161,12 @@ pub struct ReplicaConfig {
     /// often (etcd's `LeaseCheckpointInterval`, 5 minutes). The simulator shortens it so that
     /// checkpoints happen within a run.
     pub lease_checkpoint_seconds: u64,
+    /// The founding members' peer URLs, recorded in the founding entry so the membership
+    /// replicates with them; also what the membership shows for a founding member of a log
+    /// that predates them.
+    pub founding_peers: Vec<(u64, Vec<String>)>,
+    /// Learners the cluster may hold at once (etcd's `--max-learners`).
+    pub max_learners: usize,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -175,6 +184,8 @@ impl ReplicaConfig {
             tick_micros: 100_000,
             lease_revoke_rate: 1000,
             lease_checkpoint_seconds: 300,
+            founding_peers: Vec::new(),
+            max_learners: 1,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

@@ -1,8 +1,10 @@
 //! The engine's public face: opening a data directory and the KV operations.
 
 mod lease;
+mod members;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub use members::{added_member_id, Member};
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -142,6 +144,10 @@ fn replica_config(cfg: &EngineConfig, id: u64) -> ReplicaConfig {
     }
     rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);
     rc.lease_revoke_rate = cfg.lease_revoke_rate;
+    rc.max_learners = cfg.max_learners;
+    if let Some(c) = &cfg.cluster {
+        rc.founding_peers = c.members.iter().map(|m| (m.id, m.peer_urls.clone())).collect();
+    }
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;
@@ -343,6 +349,7 @@ impl Engine {
     }
 
     async fn propose(&self, cmd: Command) -> Result<CommandResponse, EngineError> {
+        self.refuse_learner()?;
         let id = self.ids.next_id();
         let limits = Limits {
             max_request_bytes: self.cfg.max_request_bytes,
@@ -459,6 +466,7 @@ impl Engine {
         if self.shared.sole_voter.load(Ordering::SeqCst) {
             return Ok(());
         }
+        self.refuse_learner()?;
         match self.ask(|reply| Input::Read { reply }).await? {
             Reply::Read => Ok(()),
             _ => Err(EngineError::Internal("a read answered as something else")),

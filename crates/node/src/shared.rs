@@ -58,6 +58,10 @@ pub(crate) struct Shared {
     pub(crate) executed: watch::Receiver<Revision>,
     /// Leadership as this member sees it, for embedders.
     pub(crate) leadership: watch::Receiver<Option<Leadership>>,
+    /// The member was removed from the cluster and stopped.
+    pub(crate) removed: AtomicBool,
+    /// The applied membership, as the driver last saw it change.
+    pub(crate) conf: Mutex<cairn_raft::ConfState>,
 }
 
 impl Shared {
@@ -80,6 +84,8 @@ impl Shared {
             cluster_id,
             executed,
             leadership,
+            removed: AtomicBool::new(false),
+            conf: Mutex::new(cairn_raft::ConfState::default()),
         };
         (shared, crate::driver::Notify { executed: executed_tx, leadership: leadership_tx })
     }

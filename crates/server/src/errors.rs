@@ -2,7 +2,7 @@
 //! etcd clients match on (etcd's `api/v3rpc/rpctypes/error.go`).
 
 use cairn_kv::KvError;
-use cairn_node::EngineError;
+use cairn_node::{EngineError, MembershipError};
 use tonic::{Code, Status};
 
 pub fn status(e: EngineError) -> Status {
@@ -35,9 +35,22 @@ pub fn status(e: EngineError) -> Status {
         EngineError::LeaderTransfer | EngineError::LeaderTransferTimeout => Code::Unknown,
         EngineError::NoSpace => Code::ResourceExhausted,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
+        EngineError::Membership(m) => membership_code(*m),
         _ => Code::Internal,
     };
     Status::new(code, e.etcd_message())
+}
+
+/// The codes of etcd's `ErrGRPCMember*`, `ErrGRPCLearnerNotReady`, `ErrGRPCTooManyLearners`,
+/// `ErrGRPCUnhealthy` and `ErrGPRCNotSupportedForLearner`.
+fn membership_code(e: MembershipError) -> Code {
+    match e {
+        MembershipError::IdNotFound | MembershipError::IdRemoved => Code::NotFound,
+        MembershipError::BadUrls => Code::InvalidArgument,
+        MembershipError::Unhealthy | MembershipError::NotSupportedForLearner => Code::Unavailable,
+        MembershipError::ChangeInProgress => Code::ResourceExhausted,
+        _ => Code::FailedPrecondition,
+    }
 }
 
 /// etcd's answer to a stream or call made with `hasleader=true` when there is no leader.

@@ -106,6 +106,9 @@ struct ServeArgs {
     /// never starves writes.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     lease_revoke_rate: u64,
+    /// Learners the cluster may hold at once (etcd's flag and default).
+    #[arg(long, default_value_t = 1)]
+    max_learners: usize,
     /// Most client connections open at once (0: no cap of its own). Never more than the
     /// open-file limit allows once descriptors are kept for the WAL, database and peers; past
     /// the cap, new connections are closed at once. etcd has no such flag.
@@ -135,6 +138,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
+    engine.max_learners = a.max_learners;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }

@@ -258,7 +258,7 @@ pub(crate) async fn read_reply(
 /// Sends snapshots, each on a connection of its own, and reports how each ended.
 pub(crate) struct Snapshots {
     link: Link,
-    addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
+    pub(crate) addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
 }
 
 impl Snapshots {
