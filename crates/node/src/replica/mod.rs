@@ -246,9 +246,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
         let persisted = match (is_fresh(&rec), bootstrap) {
             (true, Bootstrap::Founding(conf)) => {
-                // Persist the founding configuration before anything else happens.
-                let mut p = Persisted::bootstrap(conf);
-                founding_context(&mut p, &cfg.founding_peers);
+                // Persist the founding configuration and peer URLs before anything else.
+                let p = founding(conf, &cfg.founding_peers);
                 wal.append(&p.entries, Some(&p.hard_state)).map_err(wal_err)?;
                 wal.sync().map_err(wal_err)?;
                 p
@@ -593,9 +592,10 @@ fn is_empty(rd: &cairn_raft::Ready) -> bool {
 
 /// The founding entry records the founding members' peer URLs, so that a member that joins
 /// later and replays the log from the start learns them as every founder did.
-fn founding_context(p: &mut Persisted, peers: &[(u64, Vec<String>)]) {
+fn founding(conf: ConfState, peers: &[(u64, Vec<String>)]) -> Persisted {
+    let mut p = Persisted::bootstrap(conf);
     if peers.is_empty() {
-        return;
+        return p;
     }
     let cmd = Command::Membership { peers: peers.to_vec(), removed: Vec::new() };
     for e in &mut p.entries {
@@ -603,6 +603,7 @@ fn founding_context(p: &mut Persisted, peers: &[(u64, Vec<String>)]) {
             cc.context = crate::command::encode(0, &cmd);
         }
     }
+    p
 }
 
 fn is_fresh(rec: &Recovered) -> bool {
