@@ -61,7 +61,8 @@ func TestEtcdctlMemberCommands(t *testing.T) {
 	if !strings.Contains(out, `ETCD_INITIAL_CLUSTER_STATE="existing"`) {
 		t.Fatalf("member add does not tell how to start the member: %s", out)
 	}
-	id := regexp.MustCompile(`Member ([0-9a-f]+) added`).FindStringSubmatch(out)
+	// etcdctl pads the id to 16 columns with spaces (%16x).
+	id := regexp.MustCompile(`Member +([0-9a-f]+) added`).FindStringSubmatch(out)
 	if id == nil {
 		t.Fatalf("no member id in %s", out)
 	}
