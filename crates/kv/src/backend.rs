@@ -126,35 +126,55 @@ impl Record {
 }
 
 impl MemberAttributes {
-    /// `name_len u32 | name | url_count u32 | (url_len u32 | url)*` (big endian), the value a
-    /// backend stores under the member's id.
+    /// `name_len u32 | name | url_count u32 | (url_len u32 | url)*` for the client URLs, then,
+    /// when there are peer URLs or the member was removed, the same list of peer URLs and
+    /// `removed u8` (big endian): the value a backend stores under the member's id. Values
+    /// written before peer URLs were kept end after the client URLs and read as none.
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(8 + self.name.len() + 32 * self.client_urls.len());
         put_str(&mut out, &self.name);
-        out.put_u32(self.client_urls.len() as u32);
-        for url in &self.client_urls {
-            put_str(&mut out, url);
+        put_urls(&mut out, &self.client_urls);
+        if !self.peer_urls.is_empty() || self.removed {
+            put_urls(&mut out, &self.peer_urls);
+            out.put_u8(u8::from(self.removed));
         }
         out
     }
 
     pub fn decode(mut raw: &[u8]) -> Result<MemberAttributes, BackendError> {
         let name = get_str(&mut raw)?;
-        if raw.len() < 4 {
-            return Err(BackendError::Corrupt("member attributes cut short"));
-        }
-        let count = raw.get_u32() as usize;
-        // Each URL takes at least its length: a count beyond the bytes left is corrupt, and
-        // must not size an allocation.
-        if count > raw.len() / 4 {
-            return Err(BackendError::Corrupt("member attributes cut short"));
-        }
-        let client_urls = (0..count).map(|_| get_str(&mut raw)).collect::<Result<_, _>>()?;
+        let client_urls = get_urls(&mut raw)?;
+        let (mut peer_urls, mut removed) = (Vec::new(), false);
         if !raw.is_empty() {
-            return Err(BackendError::Corrupt("bytes after member attributes"));
+            peer_urls = get_urls(&mut raw)?;
+            removed = match raw {
+                [0] => false,
+                [1] => true,
+                _ => return Err(BackendError::Corrupt("bytes after member attributes")),
+            };
         }
-        Ok(MemberAttributes { name, client_urls })
+        Ok(MemberAttributes { name, client_urls, peer_urls, removed })
     }
+}
+
+fn put_urls(out: &mut Vec<u8>, urls: &[String]) {
+    out.put_u32(urls.len() as u32);
+    for url in urls {
+        put_str(out, url);
+    }
+}
+
+fn get_urls(raw: &mut &[u8]) -> Result<Vec<String>, BackendError> {
+    if raw.len() < 4 {
+        return Err(BackendError::Corrupt("member attributes cut short"));
+    }
+    let count = raw.get_u32() as usize;
+    // Each URL takes at least its length: a count beyond the bytes left is corrupt, and
+    // must not size an allocation.
+    if count > raw.len() / 4 {
+        return Err(BackendError::Corrupt("member attributes cut short"));
+    }
+    (0..count).map(|_| get_str(raw)).collect()
 }
 
 /// Strings are far below 4 GiB (a request is limited to a few MiB), so the length fits.

@@ -151,9 +151,28 @@ impl<V: BackendView> Exec<'_, V> {
             Command::Compact(req) => self.compact(req).map(CommandResponse::Compact),
             Command::PublishMember { member, attributes } => {
                 // Beside the key space: no revision, no history record.
-                self.batch.members.push((*member, attributes.encode()));
-                self.members.insert(*member, attributes.clone());
+                let mut changed = self.members.get(member).cloned().unwrap_or_default();
+                if !changed.removed {
+                    changed.name.clone_from(&attributes.name);
+                    changed.client_urls.clone_from(&attributes.client_urls);
+                    self.set_member(*member, changed);
+                }
                 Ok(CommandResponse::PublishMember)
+            }
+            Command::Membership { peers, removed } => {
+                for (member, peer_urls) in peers {
+                    let mut changed = self.members.get(member).cloned().unwrap_or_default();
+                    changed.peer_urls.clone_from(peer_urls);
+                    changed.removed = false;
+                    self.set_member(*member, changed);
+                }
+                for member in removed {
+                    self.set_member(
+                        *member,
+                        MemberAttributes { removed: true, ..Default::default() },
+                    );
+                }
+                Ok(CommandResponse::Membership)
             }
             Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
             Command::LeaseRevoke { id } => self.lease_revoke(&mut w, *id),
@@ -197,6 +216,11 @@ impl<V: BackendView> Exec<'_, V> {
             self.batch.alarms = Some(crate::backend::encode_alarms(self.alarms));
         }
         CommandResponse::Alarm(changed.then_some(a))
+    }
+
+    fn set_member(&mut self, member: u64, attributes: MemberAttributes) {
+        self.batch.members.push((member, attributes.encode()));
+        self.members.insert(member, attributes);
     }
 
     /// The revision reads see: including this command's writes once it made any.

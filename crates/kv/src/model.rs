@@ -191,6 +191,9 @@ impl Model {
     }
 
     /// Applies a mutating command; on error nothing changes.
+    ///
+    /// Members (beside the key space): a publish sets name and client URLs unless the member
+    /// was removed; the membership sets peer URLs or marks members removed.
     pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
         if let Command::Authorized { caller, command } = cmd {
             self.auth.authorize(caller, command, |id| self.lease_keys(id))?;
@@ -219,8 +222,12 @@ impl Model {
                 Ok(CommandResponse::Compact(CompactResponse { revision: scratch.current }))
             }
             Command::PublishMember { member, attributes } => {
-                scratch.members.insert(*member, attributes.clone());
+                publish_member(&mut scratch.members, *member, attributes);
                 Ok(CommandResponse::PublishMember)
+            }
+            Command::Membership { peers, removed } => {
+                apply_membership(&mut scratch.members, peers, removed);
+                Ok(CommandResponse::Membership)
             }
             Command::LeaseGrant { id, ttl } => {
                 if scratch.leases.contains_key(id) {
@@ -415,4 +422,31 @@ struct Tx {
     state: BTreeMap<Bytes, KeyValue>,
     rev: Revision,
     writes: u32,
+}
+
+fn publish_member(
+    members: &mut BTreeMap<u64, MemberAttributes>,
+    member: u64,
+    attributes: &MemberAttributes,
+) {
+    let entry = members.entry(member).or_default();
+    if !entry.removed {
+        entry.name.clone_from(&attributes.name);
+        entry.client_urls.clone_from(&attributes.client_urls);
+    }
+}
+
+fn apply_membership(
+    members: &mut BTreeMap<u64, MemberAttributes>,
+    peers: &[(u64, Vec<String>)],
+    removed: &[u64],
+) {
+    for (member, peer_urls) in peers {
+        let entry = members.entry(*member).or_default();
+        entry.peer_urls.clone_from(peer_urls);
+        entry.removed = false;
+    }
+    for member in removed {
+        members.insert(*member, MemberAttributes { removed: true, ..Default::default() });
+    }
 }

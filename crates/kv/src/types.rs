@@ -352,6 +352,13 @@ pub struct MemberAttributes {
     pub name: String,
     /// Where it serves clients (`--advertise-client-urls`).
     pub client_urls: Vec<String>,
+    /// Where its peers reach it, as the membership change that added it (or the last
+    /// `MemberUpdate`) set them; empty for a founding member of a directory made before peer
+    /// URLs were replicated. Not part of what a member publishes.
+    pub peer_urls: Vec<String>,
+    /// The member was removed from the cluster, for good: its id may never serve again
+    /// (etcd's `removed_member` bucket). Nothing else is kept for it.
+    pub removed: bool,
 }
 
 /// A lease as the replicated state holds it (etcd's `leasepb.Lease`). When it expires is the
@@ -424,7 +431,16 @@ pub enum Command {
     Txn(TxnRequest),
     /// A compaction.
     Compact(CompactRequest),
-    /// A member publishes its attributes; they replace any it published before.
+    /// Membership as the Cluster API changed it, applied with the Raft membership change it rides
+    /// on: these members' peer URLs set (added or updated), these members removed for good.
+    Membership {
+        /// Member ids and their peer URLs.
+        peers: Vec<(u64, Vec<String>)>,
+        /// Member ids removed.
+        removed: Vec<u64>,
+    },
+    /// A member publishes its name and client URLs; they replace any it published before (its
+    /// peer URLs stay as the membership set them). A removed member's publish changes nothing.
     PublishMember {
         /// The member's id.
         member: u64,
@@ -489,6 +505,8 @@ pub enum CommandResponse {
     Compact(CompactResponse),
     /// The attributes are recorded. Nothing else changed: the revision did not move.
     PublishMember,
+    /// The membership is recorded; the revision did not move.
+    Membership,
     /// The lease exists; the revision did not move.
     LeaseGrant {
         /// The store's revision.

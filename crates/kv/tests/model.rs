@@ -128,6 +128,7 @@ fn published_attributes_live_beside_the_key_space() {
     let attributes = MemberAttributes {
         name: "m1".to_string(),
         client_urls: vec!["http://127.0.0.1:2379".to_string()],
+        ..Default::default()
     };
     let publish = Command::PublishMember { member: 7, attributes: attributes.clone() };
     let outcome = store.apply(&[(2, Some(&publish))]).unwrap();
@@ -148,6 +149,36 @@ fn published_attributes_live_beside_the_key_space() {
     assert_eq!(reopened.applied_index(), 3);
     assert_eq!(reopened.members(), [(7, moved)].into_iter().collect());
     assert_eq!(reopened.current_revision(), before.0);
+}
+
+#[test]
+fn the_membership_keeps_peer_urls_apart_from_what_members_publish() {
+    let backend = Shared::default();
+    let store = Store::open(backend.clone()).expect("open");
+    let peers = vec!["http://127.0.0.1:2380".to_string()];
+    let add = Command::Membership { peers: vec![(9, peers.clone())], removed: vec![] };
+    let attributes = MemberAttributes {
+        name: "n9".into(),
+        client_urls: vec!["http://127.0.0.1:2379".into()],
+        ..Default::default()
+    };
+    let publish = Command::PublishMember { member: 9, attributes: attributes.clone() };
+    store.apply(&[(1, Some(&add)), (2, Some(&publish))]).expect("apply");
+    let joined = MemberAttributes { peer_urls: peers.clone(), ..attributes.clone() };
+    assert_eq!(store.member(9), Some(joined.clone()), "publishing keeps the peer URLs");
+    let remove = Command::Membership { peers: vec![], removed: vec![9] };
+    store.apply(&[(3, Some(&remove)), (4, Some(&publish))]).expect("apply");
+    let gone = MemberAttributes { removed: true, ..Default::default() };
+    assert_eq!(store.member(9), Some(gone.clone()), "a removed member's late publish is ignored");
+    drop(store);
+    let reopened = Store::open(backend).expect("reopen");
+    assert_eq!(reopened.member(9), Some(gone));
+    // Attributes stored before peer URLs existed end after the client URLs.
+    let old = MemberAttributes { peer_urls: vec![], ..joined };
+    assert_eq!(MemberAttributes::decode(&old.encode()).expect("decode"), old);
+    let mut raw = old.encode();
+    raw.push(7);
+    assert!(MemberAttributes::decode(&raw).is_err(), "a stray byte is not a removed flag");
 }
 
 #[test]

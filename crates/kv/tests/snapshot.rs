@@ -272,7 +272,7 @@ fn publish(member: u64, name: &str, urls: &[&str]) -> Command {
     let client_urls = urls.iter().map(|u| u.to_string()).collect();
     Command::PublishMember {
         member,
-        attributes: MemberAttributes { name: name.to_string(), client_urls },
+        attributes: MemberAttributes { name: name.to_string(), client_urls, ..Default::default() },
     }
 }
 

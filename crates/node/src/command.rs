@@ -126,6 +126,18 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
             w.u8(7);
             w.i64(id.0);
         }
+        Command::Membership { peers, removed } => {
+            w.u8(9);
+            w.0.put_u32(peers.len() as u32);
+            for (member, urls) in peers {
+                w.u64(*member);
+                urls_out(&mut w, urls);
+            }
+            w.0.put_u32(removed.len() as u32);
+            for member in removed {
+                w.u64(*member);
+            }
+        }
         Command::LeaseCheckpoint { checkpoints } => {
             w.u8(8);
             w.0.put_u32(checkpoints.len() as u32);
@@ -196,6 +208,15 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
             Command::Authorized { caller: cairn_kv::auth::Caller { user, revision }, command }
         }
         tag @ 30..=49 => Command::Auth(crate::command_auth::get_auth(tag, &mut r)?),
+        9 => {
+            let n = r.count()?;
+            let peers =
+                (0..n).map(|_| Ok((r.u64()?, urls_in(&mut r)?))).collect::<Result<_, _>>()?;
+            let n = r.count()?;
+            r.need(n.saturating_mul(8))?;
+            let removed = (0..n).map(|_| r.u64()).collect::<Result<_, _>>()?;
+            Command::Membership { peers, removed }
+        }
         _ => return Err(DecodeError("unknown command")),
     };
     if !r.0.is_empty() {
@@ -216,6 +237,19 @@ fn get_alarm(r: &mut R<'_>) -> Result<AlarmMember, DecodeError> {
     Ok(AlarmMember { member, alarm })
 }
 
+/// `count u32 | url*`.
+fn urls_out(w: &mut W, urls: &[String]) {
+    w.0.put_u32(urls.len() as u32);
+    for url in urls {
+        w.bytes(url.as_bytes());
+    }
+}
+
+fn urls_in(r: &mut R<'_>) -> Result<Vec<String>, DecodeError> {
+    let n = r.count()?;
+    (0..n).map(|_| r.string()).collect()
+}
+
 /// `name | count u32 | url*`.
 fn publish(w: &mut W, a: &MemberAttributes) {
     w.bytes(a.name.as_bytes());
@@ -229,7 +263,7 @@ fn get_publish(r: &mut R<'_>) -> Result<MemberAttributes, DecodeError> {
     let name = r.string()?;
     let n = r.count()?;
     let client_urls = (0..n).map(|_| r.string()).collect::<Result<_, _>>()?;
-    Ok(MemberAttributes { name, client_urls })
+    Ok(MemberAttributes { name, client_urls, ..Default::default() })
 }
 
 fn put(w: &mut W, p: &PutRequest) {

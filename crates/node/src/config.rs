@@ -65,6 +65,8 @@ pub struct EngineConfig {
     pub bcrypt_cost: u32,
     /// How long a simple auth token lives unused (etcd's `--auth-token-ttl`). Default 300 s.
     pub auth_token_ttl: Duration,
+    /// Learners the cluster may hold at once (etcd's `--max-learners`). Default 1.
+    pub max_learners: usize,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -103,6 +105,7 @@ impl EngineConfig {
             lease_revoke_rate: 1000,
             bcrypt_cost: 10,
             auth_token_ttl: Duration::from_secs(300),
+            max_learners: 1,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -168,6 +171,12 @@ pub struct ReplicaConfig {
     /// Where the replica counts failed proposals, compactions and snapshots installed; `None`
     /// (the simulator) counts nothing.
     pub metrics: Option<std::sync::Arc<crate::metrics::EngineMetrics>>,
+    /// The founding members' peer URLs, recorded in the founding entry so the membership
+    /// replicates with them; also what the membership shows for a founding member of a log
+    /// that predates them.
+    pub founding_peers: Vec<(u64, Vec<String>)>,
+    /// Learners the cluster may hold at once (etcd's `--max-learners`).
+    pub max_learners: usize,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -186,6 +195,8 @@ impl ReplicaConfig {
             lease_revoke_rate: 1000,
             lease_checkpoint_seconds: 300,
             metrics: None,
+            founding_peers: Vec::new(),
+            max_learners: 1,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

@@ -47,6 +47,11 @@ pub(crate) enum Input {
     Handover {
         reply: Token,
     },
+    MemberChange {
+        id: RequestId,
+        change: crate::replica::MemberChange,
+        reply: Token,
+    },
     LeaseRenew {
         id: cairn_kv::LeaseId,
         reply: Token,
@@ -89,6 +94,8 @@ pub(crate) struct Driver {
     /// The leader last published, so that a change is logged once.
     leader: Option<(u64, u64)>,
     notify: Notify,
+    /// This member was removed from the cluster: it stops serving.
+    removed: bool,
 }
 
 impl Driver {
@@ -101,7 +108,17 @@ impl Driver {
         transport: Option<Transport>,
         notify: Notify,
     ) -> Driver {
-        Driver { replica, committer, shared, rx, tick, transport, leader: None, notify }
+        Driver {
+            replica,
+            committer,
+            shared,
+            rx,
+            tick,
+            transport,
+            leader: None,
+            notify,
+            removed: false,
+        }
     }
 
     /// Executes what the log holds beyond the store, and elects this member at once if it is
@@ -119,6 +136,10 @@ impl Driver {
     /// Serves until stopped or a storage error, then answers everyone still waiting.
     pub(crate) fn run(mut self) {
         let cause = match self.serve() {
+            Ok(()) if self.removed => {
+                self.shared.removed.store(true, Ordering::SeqCst);
+                StopCause::Removed
+            }
             Ok(()) => StopCause::Shutdown,
             Err(e) => {
                 self.shared.fail(e.clone());
@@ -164,6 +185,9 @@ impl Driver {
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
             }
             self.turn()?;
+            if self.removed {
+                return Ok(());
+            }
         }
     }
 
@@ -176,6 +200,9 @@ impl Driver {
                 self.replica.handle_move_leader(cairn_raft::NodeId(target), reply)
             }
             Input::Handover { reply } => self.replica.handle_handover(reply),
+            Input::MemberChange { id, change, reply } => {
+                self.replica.handle_member_change(id, change, reply)
+            }
             Input::LeaseRenew { id, reply } => self.replica.handle_lease_renew(id, reply),
             Input::LeaseTtl { id, reply } => self.replica.handle_lease_ttl(id, reply),
             // The replica issues the round the ticket waits for when it processes this turn.
@@ -224,6 +251,9 @@ impl Driver {
         if let Some(l) = work.leadership.take() {
             self.notify.leadership.send_replace(Some(l));
         }
+        if std::mem::take(&mut work.membership) {
+            self.follow_membership();
+        }
         // Watch streams read the events themselves; this only wakes them, and only if the
         // revision moved (executions and snapshot installs move it).
         let head = self.shared.store.current_revision();
@@ -233,6 +263,39 @@ impl Driver {
         self.publish_status();
         self.answer();
         Ok(())
+    }
+
+    /// The applied membership changed: callers see it, the transport dials who was added (or
+    /// moved) and forgets who was removed. A member that knows no configuration yet (joining,
+    /// before its first entry or snapshot) keeps the peers its flags name.
+    fn follow_membership(&mut self) {
+        let conf = self.replica.raft().conf_state().clone();
+        if conf.voters.is_empty() {
+            return;
+        }
+        let me = self.replica.id();
+        if let Some(t) = &mut self.transport {
+            let mut peers = std::collections::BTreeMap::new();
+            for id in conf.members().into_iter().filter(|id| *id != me) {
+                let mut addrs = Vec::new();
+                for url in self.replica.peer_urls(id.0) {
+                    match cairn_transport::url::resolve(&url) {
+                        Ok(a) => addrs.extend(a),
+                        Err(e) => tracing::warn!("member {:016x}: peer URL {url}: {e}", id.0),
+                    }
+                }
+                peers.insert(id, addrs);
+            }
+            t.set_peers(peers);
+        }
+        let removed = !conf.members().contains(&me)
+            && self.shared.store.member(me.0).is_some_and(|a| a.removed);
+        *self.shared.conf.lock().unwrap_or_else(|e| e.into_inner()) = conf;
+        if removed && !self.removed {
+            // etcd's words, so an operator searching for them finds the cause.
+            tracing::error!("the member has been permanently removed from the cluster");
+            self.removed = true;
+        }
     }
 
     fn answer(&mut self) {

@@ -3,9 +3,11 @@
 mod auth;
 mod lease;
 mod maintenance;
+mod members;
 mod range;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub use members::{added_member_id, Member};
 pub use range::RangePlan;
 
 use std::collections::BTreeMap;
@@ -135,11 +137,16 @@ fn replica_config(cfg: &EngineConfig, id: u64, metrics: Arc<EngineMetrics>) -> R
         rc.publish = Some(MemberAttributes {
             name: cfg.name.clone(),
             client_urls: cfg.advertise_client_urls.clone(),
+            ..Default::default()
         });
     }
     rc.tick_micros = u64::try_from(cfg.tick_interval.as_micros()).unwrap_or(u64::MAX).max(1);
     rc.lease_revoke_rate = cfg.lease_revoke_rate;
     rc.metrics = Some(metrics);
+    rc.max_learners = cfg.max_learners;
+    if let Some(c) = &cfg.cluster {
+        rc.founding_peers = c.members.iter().map(|m| (m.id, m.peer_urls.clone())).collect();
+    }
     #[cfg(feature = "planted-bugs")]
     {
         rc.planted_bug = cfg.planted_bug;
@@ -354,6 +361,7 @@ impl Engine {
     }
 
     async fn propose(&self, cmd: Command) -> Result<CommandResponse, EngineError> {
+        self.refuse_learner()?;
         let limits = Limits {
             max_request_bytes: self.cfg.max_request_bytes,
             max_txn_ops: self.cfg.max_txn_ops,
@@ -451,6 +459,7 @@ impl Engine {
         if self.shared.sole_voter.load(Ordering::SeqCst) {
             return Ok(());
         }
+        self.refuse_learner()?;
         match self.ask(|reply| Input::Read { reply }).await? {
             Reply::Read => Ok(()),
             _ => Err(EngineError::Internal("a read answered as something else")),

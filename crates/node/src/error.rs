@@ -55,6 +55,65 @@ pub enum EngineError {
     Corrupt,
     /// A defragmentation failed; the database is as it was before.
     Defragment(BackendError),
+    /// A membership change was refused (etcd's membership errors).
+    Membership(MembershipError),
+}
+
+/// Why the Cluster API refused a membership change, as etcd refuses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MembershipError {
+    /// No such member (etcd's `ErrIDNotFound`).
+    IdNotFound,
+    /// The member was removed (etcd's `ErrIDRemoved`; clients see "member not found").
+    IdRemoved,
+    /// A member with this id exists (etcd's `ErrIDExists`).
+    IdExists,
+    /// Another member has one of these peer URLs (etcd's `ErrPeerURLexists`).
+    PeerUrlExists,
+    /// Only a learner can be promoted (etcd's `ErrMemberNotLearner`).
+    NotLearner,
+    /// The learner's log is not within 90% of the leader's (etcd's `ErrLearnerNotReady`).
+    LearnerNotReady,
+    /// The cluster holds `--max-learners` learners already (etcd's `ErrTooManyLearners`).
+    TooManyLearners,
+    /// Too few voters are running for the change to keep a quorum (etcd's
+    /// `ErrNotEnoughStartedMembers`), removing the last voter included.
+    NotEnoughStarted,
+    /// The leader is not connected to every voter, or removing a running voter would leave
+    /// too few running ones (etcd's `ErrUnhealthy`).
+    Unhealthy,
+    /// The peer URLs are not URLs (etcd's `ErrGRPCMemberBadURLs`).
+    BadUrls,
+    /// Another membership change is still being applied; changes go one at a time.
+    ChangeInProgress,
+    /// A learner serves serializable reads only (etcd's `ErrGPRCNotSupportedForLearner`).
+    NotSupportedForLearner,
+}
+
+impl MembershipError {
+    /// etcd's message for this error, as its clients see it.
+    pub fn etcd_message(&self) -> &'static str {
+        match self {
+            MembershipError::IdNotFound | MembershipError::IdRemoved => {
+                "etcdserver: member not found"
+            }
+            MembershipError::IdExists => "etcdserver: member ID already exist",
+            MembershipError::PeerUrlExists => "etcdserver: Peer URLs already exists",
+            MembershipError::NotLearner => "etcdserver: can only promote a learner member",
+            MembershipError::LearnerNotReady => {
+                "etcdserver: can only promote a learner member which is in sync with leader"
+            }
+            MembershipError::TooManyLearners => "etcdserver: too many learner members in cluster",
+            MembershipError::NotEnoughStarted => {
+                "etcdserver: re-configuration failed due to not enough started members"
+            }
+            MembershipError::Unhealthy => "etcdserver: unhealthy cluster",
+            MembershipError::BadUrls => "etcdserver: given member URLs are invalid",
+            MembershipError::ChangeInProgress => "etcdserver: too many requests",
+            MembershipError::NotSupportedForLearner => "etcdserver: rpc not supported for learner",
+        }
+    }
 }
 
 /// Why the engine stopped serving.
@@ -63,6 +122,8 @@ pub enum EngineError {
 pub enum StopCause {
     /// [`crate::Engine::stop`] was called, or the engine was dropped.
     Shutdown,
+    /// The member was removed from the cluster: it may never serve again under its id.
+    Removed,
     /// Storage failed; the engine stopped so that nothing acknowledged can be lost.
     Storage(StorageError),
 }
@@ -214,6 +275,7 @@ impl EngineError {
             EngineError::NoSpace => "etcdserver: mvcc: database space exceeded".into(),
             EngineError::Corrupt => "etcdserver: corrupt cluster".into(),
             EngineError::Defragment(e) => format!("cairn: defragmentation failed: {e}"),
+            EngineError::Membership(e) => e.etcd_message().into(),
         }
     }
 
@@ -231,6 +293,7 @@ impl EngineError {
                 | EngineError::NoSpace
                 | EngineError::Corrupt
                 | EngineError::Defragment(_)
+                | EngineError::Membership(_)
         )
     }
 }
@@ -249,6 +312,9 @@ impl fmt::Display for StopCause {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StopCause::Shutdown => f.write_str("shut down"),
+            StopCause::Removed => {
+                f.write_str("the member has been permanently removed from the cluster")
+            }
             StopCause::Storage(e) => write!(f, "storage failure: {e}"),
         }
     }

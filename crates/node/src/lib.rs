@@ -70,13 +70,16 @@ pub use config::ReplicaBug;
 #[doc(hidden)]
 pub use config::ReplicaConfig;
 pub use config::{min_lease_ttl, EngineConfig, ReadMode};
-pub use engine::{Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, RangePlan};
-pub use error::{EngineError, OpenError, StopCause, StorageError};
+pub use engine::{
+    added_member_id, Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, Member,
+    RangePlan,
+};
+pub use error::{EngineError, MembershipError, OpenError, StopCause, StorageError};
 #[doc(hidden)]
 pub use ids::{RequestId, RequestIds};
 pub use replica::Leadership;
 #[doc(hidden)]
-pub use replica::{AppliedEntry, Bootstrap, Observed, Replica, Reply, Work};
+pub use replica::{AppliedEntry, Bootstrap, MemberChange, Observed, Replica, Reply, Work};
 #[doc(hidden)]
 pub use request::{prepare, Limits};
 pub use shared::Status;

@@ -41,6 +41,7 @@ fn check(cmd: &Command, limits: Limits) -> Result<(), EngineError> {
         Command::DeleteRange(_)
         | Command::Compact(_)
         | Command::PublishMember { .. }
+        | Command::Membership { .. }
         | Command::LeaseGrant { .. }
         | Command::LeaseRevoke { .. }
         | Command::LeaseCheckpoint { .. }

@@ -61,6 +61,10 @@ pub(crate) struct Shared {
     pub(crate) leadership: watch::Receiver<Option<Leadership>>,
     /// What the driver, the log and the committer count.
     pub(crate) metrics: Arc<EngineMetrics>,
+    /// The member was removed from the cluster and stopped.
+    pub(crate) removed: AtomicBool,
+    /// The applied membership, as the driver last saw it change.
+    pub(crate) conf: Mutex<cairn_raft::ConfState>,
 }
 
 impl Shared {
@@ -85,6 +89,8 @@ impl Shared {
             executed,
             leadership,
             metrics,
+            removed: AtomicBool::new(false),
+            conf: Mutex::new(cairn_raft::ConfState::default()),
         };
         (shared, crate::driver::Notify { executed: executed_tx, leadership: leadership_tx })
     }

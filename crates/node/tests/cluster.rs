@@ -1,15 +1,16 @@
 //! Three engines in one process, connected over loopback TCP by the real peer transport: a
 //! cluster forms, serves writes and linearizable reads on every member, survives losing its
-//! leader, and brings a member that missed compacted history back with a snapshot.
+//! leader, and brings a member that missed compacted history back with a snapshot; members are
+//! added, promoted and removed through the membership API.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_kv::*;
-use cairn_node::cluster::{ClusterConfig, ClusterState};
+use cairn_node::cluster::{ClusterConfig, ClusterState, MemberSpec};
 use cairn_node::metrics::EngineMetrics;
-use cairn_node::{Engine, EngineConfig, EngineError, OpenError};
+use cairn_node::{Engine, EngineConfig, EngineError, MembershipError, OpenError};
 
 struct Member {
     name: String,
@@ -254,15 +255,21 @@ async fn leadership_moves_on_request_and_before_a_graceful_stop() {
     ms.iter_mut().for_each(stop);
 }
 
-/// Every member's attributes as `ms` configures them, by member id.
+/// Every member's attributes as `ms` configures them, by member id: what it publishes, and the
+/// peer URLs the founding entry recorded.
 fn configured(ms: &[Member]) -> std::collections::BTreeMap<u64, MemberAttributes> {
     ms.iter()
         .map(|m| {
+            let id = m.engine.as_ref().expect("running").identity().1;
+            let c = m.cfg.cluster.as_ref().expect("a cluster");
+            let peers = c.members.iter().find(|s| s.id == id).expect("listed").peer_urls.clone();
             let attributes = MemberAttributes {
                 name: m.name.clone(),
                 client_urls: m.cfg.advertise_client_urls.clone(),
+                peer_urls: peers,
+                removed: false,
             };
-            (m.engine.as_ref().expect("running").identity().1, attributes)
+            (id, attributes)
         })
         .collect()
 }
@@ -362,4 +369,112 @@ async fn a_new_leader_expires_the_leases_the_old_one_kept() {
         assert!(eng(m).range(read).await.expect("read").kvs.is_empty(), "{}", m.name);
     }
     ms.iter_mut().for_each(stop);
+}
+
+/// The membership error `r` failed with.
+fn refusal<T: std::fmt::Debug>(r: Result<T, EngineError>) -> MembershipError {
+    match r {
+        Err(EngineError::Membership(m)) => m,
+        other => panic!("expected a membership refusal, got {other:?}"),
+    }
+}
+
+/// A member added to `ms`' cluster at a fresh peer URL, configured to join it.
+fn joiner(ms: &[Member], tag: &str, id: u64, url: &str) -> Member {
+    let c = ms[0].cfg.cluster.clone().expect("a cluster");
+    let name = format!("m{}", ms.len());
+    let mut cfg = ms[0].cfg.clone();
+    cfg.name.clone_from(&name);
+    cfg.data_dir = temp_dir(tag).join(&name);
+    let me = MemberSpec { name: name.clone(), id, peer_urls: vec![url.to_string()] };
+    let mut members = c.members.clone();
+    members.push(me);
+    let listen = vec![url.to_string()];
+    let state = ClusterState::Existing;
+    let cluster = ClusterConfig { local_id: id, members, state, listen_peer_urls: listen, ..c };
+    cfg.cluster = Some(cluster);
+    Member { name, cfg, engine: None }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_learner_joins_catches_up_by_snapshot_is_promoted_and_removed() {
+    let mut ms = configs("grow", 1, 20);
+    start(&mut ms[0]);
+    leader(&ms);
+    for i in 0..60 {
+        put_retrying(eng(&ms[0]), &format!("k{i:02}"), &i.to_string()).await;
+    }
+    let e0 = eng(&ms[0]);
+    let own = e0.member_list()[0].peer_urls.clone();
+    assert_eq!(refusal(e0.member_add(own, true).await), MembershipError::PeerUrlExists);
+    assert_eq!(refusal(e0.member_promote(42).await), MembershipError::IdNotFound);
+    assert_eq!(refusal(e0.member_remove(e0.identity().1).await), MembershipError::NotEnoughStarted);
+    assert_eq!(
+        refusal(e0.member_add(vec!["10.0.0.1:1".into()], true).await),
+        MembershipError::BadUrls
+    );
+    let url = format!("http://127.0.0.1:{}", free_ports(1)[0]);
+    let added = e0.member_add(vec![url.clone()], true).await.expect("add a learner");
+    let other = vec!["http://127.0.0.1:1".to_string()];
+    assert_eq!(refusal(e0.member_add(other, true).await), MembershipError::TooManyLearners);
+    assert_eq!(refusal(e0.member_promote(added.id).await), MembershipError::LearnerNotReady);
+    let listed = e0.member_list();
+    assert_eq!(listed.iter().filter(|m| m.is_learner).count(), 1, "{listed:?}");
+    let mut new = joiner(&ms, "grow-join", added.id, &url);
+    start(&mut new);
+    let target = eng(&ms[0]).status().revision;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while eng(&new).status().revision < target {
+        assert!(Instant::now() < deadline, "the learner never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The store shows what the learner executed a moment before its membership is published.
+    while !eng(&new).is_learner() {
+        assert!(Instant::now() < deadline, "the new member never knew it was a learner");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let read = eng(&new).range(RangeRequest::key("k00")).await;
+    assert_eq!(refusal(read), MembershipError::NotSupportedForLearner);
+    assert_eq!(refusal(put(eng(&new), "x", "y").await), MembershipError::NotSupportedForLearner);
+    eng(&ms[0]).member_promote(added.id).await.expect("promote the caught-up learner");
+    let list = eng(&ms[0]).member_list();
+    assert!(list.iter().all(|m| !m.is_learner) && list.len() == 2, "{list:?}");
+    // The membership, peer URLs included, reached the new member with the snapshot and log.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while eng(&new).member_list().iter().map(|m| &m.peer_urls).ne(list.iter().map(|m| &m.peer_urls))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the new member's list differs: {:?}",
+            eng(&new).member_list()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    put_retrying(eng(&new), "via-new", "1").await;
+    // The membership is persisted: a restarted member lists the same members, learner flags
+    // and peer URLs, from its own store.
+    stop(&mut ms[0]);
+    start(&mut ms[0]);
+    assert_eq!(eng(&ms[0]).member_list(), list, "after a restart");
+    put_retrying(eng(&ms[0]), "after-restart", "1").await;
+    let rev = eng(&ms[0]).status().revision;
+    while eng(&new).status().revision < rev {
+        assert!(Instant::now() < deadline + Duration::from_secs(5), "the new member fell behind");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(eng(&new).hash_kv(rev).expect("hash"), eng(&ms[0]).hash_kv(rev).expect("hash"));
+    // Removed by whichever leads: if the new member leads, it steps down once its removal
+    // applies, and the one left elects itself.
+    let by = if eng(&ms[0]).leader() == Some(added.id) { &new } else { &ms[0] };
+    eng(by).member_remove(added.id).await.expect("remove the new member");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !eng(&new).is_removed() {
+        assert!(Instant::now() < deadline, "the removed member kept serving");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    leader(&ms);
+    assert_eq!(refusal(eng(&ms[0]).member_remove(added.id).await), MembershipError::IdRemoved);
+    assert!(eng(&new).get("k00").await.is_err(), "a removed member serves nothing");
+    assert_eq!(eng(&ms[0]).member_list().len(), 1);
+    put_retrying(eng(&ms[0]), "after", "1").await;
 }

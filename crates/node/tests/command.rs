@@ -141,7 +141,7 @@ fn command() -> impl Strategy<Value = Command> {
         (any::<u64>(), ".{0,4}", prop::collection::vec(".{0,8}", 0..3)).prop_map(
             |(member, name, client_urls)| Command::PublishMember {
                 member,
-                attributes: MemberAttributes { name, client_urls },
+                attributes: MemberAttributes { name, client_urls, ..Default::default() },
             }
         ),
         (any::<u64>(), 0u8..3, any::<bool>()).prop_map(|(member, t, on)| {
@@ -153,6 +153,11 @@ fn command() -> impl Strategy<Value = Command> {
                 Command::AlarmDeactivate(a)
             }
         }),
+        (
+            prop::collection::vec((any::<u64>(), prop::collection::vec(".{0,8}", 0..3)), 0..3),
+            prop::collection::vec(any::<u64>(), 0..3)
+        )
+            .prop_map(|(peers, removed)| Command::Membership { peers, removed }),
     ]
 }
 
@@ -177,7 +182,11 @@ proptest! {
 fn member_attributes_that_are_not_utf8_are_refused() {
     let cmd = Command::PublishMember {
         member: 7,
-        attributes: MemberAttributes { name: "m".into(), client_urls: vec!["u".into()] },
+        attributes: MemberAttributes {
+            name: "m".into(),
+            client_urls: vec!["u".into()],
+            ..Default::default()
+        },
     };
     let raw = encode(1, &cmd).to_vec();
     assert_eq!(decode(&raw), Ok((1, cmd)));

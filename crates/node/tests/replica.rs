@@ -312,7 +312,11 @@ fn a_leaders_appends_leave_before_its_fsync_and_a_followers_ack_only_after_its_o
 }
 
 fn attributes(id: u64) -> MemberAttributes {
-    MemberAttributes { name: format!("m{id}"), client_urls: vec![format!("http://m{id}:2379")] }
+    MemberAttributes {
+        name: format!("m{id}"),
+        client_urls: vec![format!("http://m{id}:2379")],
+        ..Default::default()
+    }
 }
 
 /// The members whose attributes the entries in `r`'s log (since its last compaction) publish.

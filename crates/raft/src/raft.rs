@@ -38,7 +38,11 @@ impl Persisted {
             .map(|id| ConfChangeSingle::AddVoter(*id))
             .chain(conf.learners.iter().map(|id| ConfChangeSingle::AddLearner(*id)))
             .collect();
-        let cc = ConfChange { changes, leave_joint: crate::types::LeaveJoint::Auto };
+        let cc = ConfChange {
+            changes,
+            leave_joint: crate::types::LeaveJoint::Auto,
+            ..ConfChange::default()
+        };
         let entry =
             Entry { term: Term(1), index: LogIndex(1), payload: EntryPayload::ConfChange(cc) };
         Persisted {

@@ -172,7 +172,11 @@ impl Raft {
             return;
         }
         if auto_leave && self.pending_conf_index <= self.log.applied() {
-            let leave = ConfChange { changes: Vec::new(), leave_joint: LeaveJoint::Auto };
+            let leave = ConfChange {
+                changes: Vec::new(),
+                leave_joint: LeaveJoint::Auto,
+                ..ConfChange::default()
+            };
             self.append_payloads(vec![EntryPayload::ConfChange(leave)]);
         }
         // New members start probing now rather than at the next proposal, and a shrunken

@@ -81,7 +81,7 @@ impl Entry {
     pub fn size_bytes(&self) -> u64 {
         let payload = match &self.payload {
             EntryPayload::Normal(data) => data.len() as u64,
-            EntryPayload::ConfChange(cc) => 16 * cc.changes.len() as u64,
+            EntryPayload::ConfChange(cc) => 16 * cc.changes.len() as u64 + cc.context.len() as u64,
         };
         ENTRY_OVERHEAD_BYTES + payload
     }
@@ -97,6 +97,9 @@ impl Entry {
 pub struct ConfChange {
     pub changes: Vec<ConfChangeSingle>,
     pub leave_joint: LeaveJoint,
+    /// The application's own data about the change (etcd's `ConfChange.Context`: who the
+    /// member is, where its peers reach it). The core carries it and never looks inside.
+    pub context: Bytes,
 }
 
 /// How a joint configuration is left.

@@ -22,6 +22,7 @@ fn compacting_below_a_membership_change_keeps_the_configuration_of_that_index() 
     let cc = ConfChange {
         changes: vec![ConfChangeSingle::AddLearner(NodeId(4))],
         leave_joint: LeaveJoint::Auto,
+        ..ConfChange::default()
     };
     c.raft(1).propose_conf_change(cc).unwrap();
     c.raft(1).propose(Bytes::from_static(b"b")).unwrap();
@@ -62,6 +63,7 @@ fn a_node_restarted_from_a_compaction_below_a_change_applies_the_change_again() 
     let cc = ConfChange {
         changes: vec![ConfChangeSingle::AddLearner(NodeId(4))],
         leave_joint: LeaveJoint::Auto,
+        ..ConfChange::default()
     };
     c.raft(1).propose_conf_change(cc).unwrap();
     c.stabilize();

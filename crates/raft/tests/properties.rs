@@ -106,7 +106,7 @@ proptest! {
                 })
                 .collect();
             let leave_joint = if kind == 0 { LeaveJoint::Explicit } else { LeaveJoint::Auto };
-            let cc = ConfChange { changes, leave_joint };
+            let cc = ConfChange { changes, leave_joint, ..ConfChange::default() };
             let Ok(next) = apply_conf_change(&cs, &cc) else { continue };
             prop_assert!(!next.voters.is_empty());
             prop_assert!(next.voters.is_disjoint(&next.learners));

@@ -3,7 +3,7 @@
 
 use cairn_kv::auth::AuthError;
 use cairn_kv::KvError;
-use cairn_node::EngineError;
+use cairn_node::{EngineError, MembershipError};
 use tonic::{Code, Status};
 
 pub fn status(e: EngineError) -> Status {
@@ -41,6 +41,7 @@ pub fn status(e: EngineError) -> Status {
         // etcd passes a failed defragmentation's error through as it is.
         EngineError::Defragment(_) => Code::Unknown,
         EngineError::Open(_) | EngineError::Internal(_) => Code::Internal,
+        EngineError::Membership(m) => membership_code(*m),
         _ => Code::Internal,
     };
     Status::new(code, e.etcd_message())
@@ -66,6 +67,18 @@ fn auth_code(e: AuthError) -> Code {
         | AuthError::AuthOldRevision => Code::InvalidArgument,
         AuthError::PermissionDenied => Code::PermissionDenied,
         AuthError::InvalidAuthToken => Code::Unauthenticated,
+    }
+}
+
+/// The codes of etcd's `ErrGRPCMember*`, `ErrGRPCLearnerNotReady`, `ErrGRPCTooManyLearners`,
+/// `ErrGRPCUnhealthy` and `ErrGPRCNotSupportedForLearner`.
+fn membership_code(e: MembershipError) -> Code {
+    match e {
+        MembershipError::IdNotFound | MembershipError::IdRemoved => Code::NotFound,
+        MembershipError::BadUrls => Code::InvalidArgument,
+        MembershipError::Unhealthy | MembershipError::NotSupportedForLearner => Code::Unavailable,
+        MembershipError::ChangeInProgress => Code::ResourceExhausted,
+        _ => Code::FailedPrecondition,
     }
 }
 

@@ -26,7 +26,7 @@ use crate::services::{BoxStream, Ctx};
 pub struct LeaderChannels(Arc<Mutex<HashMap<String, Channel>>>);
 
 impl LeaderChannels {
-    fn get(&self, url: &str) -> Result<Channel, Status> {
+    pub(crate) fn get(&self, url: &str) -> Result<Channel, Status> {
         let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = map.get(url) {
             return Ok(c.clone());

@@ -24,6 +24,8 @@ mod auth;
 #[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
+mod cluster_api;
+#[cfg(feature = "server")]
 mod coalesce;
 #[cfg(feature = "server")]
 mod convert;
@@ -272,7 +274,10 @@ pub async fn serve(
             loop {
                 tokio::time::sleep(std::time::Duration::from_millis(200)).await;
                 if let Some(why) = engine.status().failure {
-                    return why;
+                    return format!("stopped after a storage failure: {why}");
+                }
+                if engine.is_removed() {
+                    return cairn_node::StopCause::Removed.to_string();
                 }
             }
         }
@@ -296,7 +301,7 @@ pub async fn serve(
     }
     tokio::task::block_in_place(|| engine.stop());
     match fatal {
-        Some(why) => Err(anyhow::anyhow!("stopped after a storage failure: {why}")),
+        Some(why) => Err(anyhow::anyhow!("{why}")),
         None => Ok(()),
     }
 }

@@ -123,6 +123,9 @@ struct ServeArgs {
     /// Seconds a simple auth token lives after its last use.
     #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..))]
     auth_token_ttl: u64,
+    /// Learners the cluster may hold at once (etcd's flag and default).
+    #[arg(long, default_value_t = 1)]
+    max_learners: usize,
     /// Most client connections open at once (0: no cap of its own). Never more than the
     /// open-file limit allows once descriptors are kept for the WAL, database and peers; past
     /// the cap, new connections are closed at once. etcd has no such flag.
@@ -263,6 +266,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     }
     engine.bcrypt_cost = a.bcrypt_cost;
     engine.auth_token_ttl = std::time::Duration::from_secs(a.auth_token_ttl);
+    engine.max_learners = a.max_learners;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }

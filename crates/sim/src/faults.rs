@@ -77,7 +77,11 @@ impl World {
         let learners: Vec<NodeId> = conf.learners.iter().copied().collect();
         let voters: Vec<NodeId> = conf.voters.iter().copied().collect();
         let cc = if conf.is_joint() {
-            ConfChange { changes: Vec::new(), leave_joint: LeaveJoint::Auto }
+            ConfChange {
+                changes: Vec::new(),
+                leave_joint: LeaveJoint::Auto,
+                ..ConfChange::default()
+            }
         } else {
             let mut options: Vec<Vec<ConfChangeSingle>> = Vec::new();
             if let Some(&o) = self.rng.pick(&outsiders) {
@@ -102,7 +106,7 @@ impl World {
             let Some(changes) = self.rng.pick(&options).cloned() else { return };
             let leave_joint =
                 if self.rng.chance(0.5) { LeaveJoint::Auto } else { LeaveJoint::Explicit };
-            ConfChange { changes, leave_joint }
+            ConfChange { changes, leave_joint, ..ConfChange::default() }
         };
         let replica = self.members.get_mut(&leader).and_then(|m| m.replica()).expect("leader");
         if replica.propose_conf_change(cc).is_ok() {

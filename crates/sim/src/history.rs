@@ -411,7 +411,9 @@ impl History {
     /// Whether a member proposed `cmd` under `op` for itself (see the module's comment).
     fn is_own(&self, op: OpId, cmd: &Command) -> bool {
         match cmd {
-            Command::PublishMember { .. } | Command::LeaseCheckpoint { .. } => true,
+            Command::PublishMember { .. }
+            | Command::Membership { .. }
+            | Command::LeaseCheckpoint { .. } => true,
             Command::LeaseRevoke { .. } => {
                 let sent = matches!(self.ops.get(&op), Some(Op { kind: OpKind::Write(c), .. }) if c == cmd);
                 !sent || self.position.contains_key(&op)

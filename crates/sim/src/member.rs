@@ -130,7 +130,7 @@ impl SimMember {
     pub fn attributes(&self) -> MemberAttributes {
         let id = self.id.0;
         let url = format!("http://m{id}-v{}:2379", self.lives.div_ceil(2));
-        MemberAttributes { name: format!("m{id}"), client_urls: vec![url] }
+        MemberAttributes { name: format!("m{id}"), client_urls: vec![url], ..Default::default() }
     }
 
     pub fn is_up(&self) -> bool {

@@ -181,7 +181,8 @@ fn a_correct_concurrent_history_passes() {
     unknowns_compactions_and_historical_reads(&mut r);
     // A member's own entry (index 9) is no client's request, though its id is one of theirs:
     // each member draws ids from its own counter.
-    let attributes = MemberAttributes { name: "m2".into(), client_urls: vec!["u".into()] };
+    let attributes =
+        MemberAttributes { name: "m2".into(), client_urls: vec!["u".into()], ..Default::default() };
     r.append(Some((4, Command::PublishMember { member: 2, attributes })));
     let stats = r.h.check().unwrap_or_else(|v| panic!("{}", v.0));
     let want = HistoryStats {
@@ -696,6 +697,7 @@ fn changed_write(result: &WriteResult) -> WriteResult {
         }
         Ok(
             CommandResponse::PublishMember
+            | CommandResponse::Membership
             | CommandResponse::LeaseCheckpoint
             | CommandResponse::Alarm(_),
         ) => Err(KvError::Compacted),

@@ -63,6 +63,9 @@ pub fn encode_entry(e: &Entry, out: &mut Vec<u8>) {
                 out.put_u8(op);
                 out.put_u64(id.0);
             }
+            // The context runs to the record's end; records written before it existed end
+            // right after the changes and decode with an empty one.
+            out.put_slice(&cc.context);
         }
     }
 }
@@ -87,7 +90,8 @@ pub fn decode_entry(mut buf: &[u8]) -> Result<Entry, DecodeError> {
                     _ => return Err(DecodeError("unknown membership change")),
                 });
             }
-            EntryPayload::ConfChange(ConfChange { changes, leave_joint })
+            let context = Bytes::copy_from_slice(buf);
+            EntryPayload::ConfChange(ConfChange { changes, leave_joint, context })
         }
         _ => return Err(DecodeError("unknown entry kind")),
     };
@@ -157,16 +161,42 @@ mod tests {
         });
         let payload = prop_oneof![
             prop::collection::vec(any::<u8>(), 0..64).prop_map(|d| EntryPayload::Normal(d.into())),
-            (prop::collection::vec(change, 0..4), any::<bool>()).prop_map(|(changes, explicit)| {
-                let leave_joint = if explicit { LeaveJoint::Explicit } else { LeaveJoint::Auto };
-                EntryPayload::ConfChange(ConfChange { changes, leave_joint })
-            }),
+            (
+                prop::collection::vec(change, 0..4),
+                any::<bool>(),
+                prop::collection::vec(any::<u8>(), 0..16)
+            )
+                .prop_map(|(changes, explicit, context)| {
+                    let leave_joint =
+                        if explicit { LeaveJoint::Explicit } else { LeaveJoint::Auto };
+                    let context = context.into();
+                    EntryPayload::ConfChange(ConfChange { changes, leave_joint, context })
+                }),
         ];
         (any::<u64>(), any::<u64>(), payload).prop_map(|(t, i, payload)| Entry {
             term: Term(t),
             index: LogIndex(i),
             payload,
         })
+    }
+
+    #[test]
+    fn a_membership_change_logged_before_contexts_existed_reads_with_none() {
+        // A record as this codec wrote it before `ConfChange::context`: term, index, kind 1,
+        // leave_joint, one change (add voter 7).
+        let mut old = Vec::new();
+        old.extend_from_slice(&3u64.to_be_bytes());
+        old.extend_from_slice(&1u64.to_be_bytes());
+        old.extend_from_slice(&[1, 0]);
+        old.extend_from_slice(&1u32.to_be_bytes());
+        old.push(0);
+        old.extend_from_slice(&7u64.to_be_bytes());
+        let e = decode_entry(&old).expect("an old record decodes");
+        let cc = ConfChange {
+            changes: vec![ConfChangeSingle::AddVoter(NodeId(7))],
+            ..ConfChange::default()
+        };
+        assert_eq!(e.payload, EntryPayload::ConfChange(cc));
     }
 
     proptest! {

@@ -27,6 +27,7 @@ fn command(r: &mut Rng, current: Revision) -> Command {
         let attributes = MemberAttributes {
             name: format!("m{member}"),
             client_urls: (0..r.next(3)).map(|i| format!("http://m{member}-{i}:2379")).collect(),
+            ..Default::default()
         };
         return Command::PublishMember { member, attributes };
     }
@@ -134,7 +135,12 @@ fn meta(applied_index: u64, current: i64) -> Meta {
 
 fn attributes(name: &[u8]) -> Vec<u8> {
     let name = String::from_utf8(name.to_vec()).unwrap();
-    MemberAttributes { client_urls: vec![format!("http://{name}:2379")], name }.encode()
+    MemberAttributes {
+        client_urls: vec![format!("http://{name}:2379")],
+        name,
+        ..Default::default()
+    }
+    .encode()
 }
 
 /// The members' attributes a batch of `records` stores (see `batch` below), decoded.

@@ -53,8 +53,11 @@ fn build(dir: &Path) -> Vec<u8> {
         puts.push((RevisionId { main: Revision(i), sub: 0 }, rec.encode()));
     }
     let meta = Meta { applied_index: 1500, current: Revision(1500), ..Meta::default() };
-    let members =
-        vec![(7, cairn_kv::MemberAttributes { name: "m".into(), client_urls: vec![] }.encode())];
+    let members = vec![(
+        7,
+        cairn_kv::MemberAttributes { name: "m".into(), client_urls: vec![], ..Default::default() }
+            .encode(),
+    )];
     let leases = vec![(LeaseId(3), Some(vec![0u8; 16]))];
     db.commit(WriteBatch { puts, members, leases, meta: Some(meta), ..WriteBatch::default() })
         .expect("commits");

@@ -26,7 +26,8 @@
 //!   10 ReadIndexResp `count | ctx bytes* | index`; 11 TransferLeader `target`; 12 TimeoutNow.
 //! - entry: `term | index | payload`; payload: `0 | data bytes` (normal) or
 //!   `1 | leave_joint u8 (0 auto, 1 explicit) | count | (op u8 | node)*` with op 0 add voter,
-//!   1 add learner, 2 remove.
+//!   1 add learner, 2 remove; or `2 | ` the same `| context bytes` when the change carries a
+//!   context.
 //! - reply payload: `0` (ok) or `1 | reason bytes` (UTF-8, at most [`MAX_REASON_LEN`] bytes).
 //!
 //! Decoding is strict and structural: unknown tags, flags other than 0 or 1, varints over 64
@@ -144,6 +145,9 @@ const TAG_TIMEOUT_NOW: u8 = 12;
 
 const PAYLOAD_NORMAL: u8 = 0;
 const PAYLOAD_CONF_CHANGE: u8 = 1;
+/// A membership change with the application's context (only when the context is not empty, so
+/// a change without one encodes as before).
+const PAYLOAD_CONF_CONTEXT: u8 = 2;
 const CHANGE_ADD_VOTER: u8 = 0;
 const CHANGE_ADD_LEARNER: u8 = 1;
 const CHANGE_REMOVE: u8 = 2;
@@ -393,7 +397,9 @@ fn put_payload(out: &mut Vec<u8>, p: &EntryPayload) {
             put_bytes(out, data);
         }
         EntryPayload::ConfChange(cc) => {
-            out.push(PAYLOAD_CONF_CHANGE);
+            let tag =
+                if cc.context.is_empty() { PAYLOAD_CONF_CHANGE } else { PAYLOAD_CONF_CONTEXT };
+            out.push(tag);
             put_flag(out, cc.leave_joint == LeaveJoint::Explicit);
             put_varint(out, cc.changes.len() as u64);
             for c in &cc.changes {
@@ -404,6 +410,9 @@ fn put_payload(out: &mut Vec<u8>, p: &EntryPayload) {
                 };
                 out.push(op);
                 put_varint(out, id.0);
+            }
+            if !cc.context.is_empty() {
+                put_bytes(out, &cc.context);
             }
         }
     }
@@ -568,11 +577,13 @@ impl Reader {
     fn payload(&mut self) -> Result<EntryPayload, DecodeError> {
         match self.u8()? {
             PAYLOAD_NORMAL => Ok(EntryPayload::Normal(self.bytes()?)),
-            PAYLOAD_CONF_CHANGE => {
+            tag @ (PAYLOAD_CONF_CHANGE | PAYLOAD_CONF_CONTEXT) => {
                 let explicit = self.flag("leave-joint")?;
                 let leave_joint = if explicit { LeaveJoint::Explicit } else { LeaveJoint::Auto };
                 let changes = self.list(MIN_CHANGE_LEN, Reader::change)?;
-                Ok(EntryPayload::ConfChange(ConfChange { changes, leave_joint }))
+                let context =
+                    if tag == PAYLOAD_CONF_CONTEXT { self.bytes()? } else { Bytes::new() };
+                Ok(EntryPayload::ConfChange(ConfChange { changes, leave_joint, context }))
             }
             tag => Err(DecodeError::UnknownTag { what: "entry payload", tag }),
         }

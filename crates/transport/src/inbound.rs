@@ -23,7 +23,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) struct Acceptor {
     pub(crate) cluster_id: u64,
     pub(crate) local: NodeId,
-    pub(crate) known: Vec<NodeId>,
+    /// The members this one accepts calls from; changes with the membership.
+    pub(crate) known: Arc<std::sync::RwLock<std::collections::BTreeSet<NodeId>>>,
     pub(crate) max_frame_bytes: u32,
     pub(crate) max_snapshot_bytes: u32,
     pub(crate) sink: Arc<dyn Sink>,
@@ -163,7 +164,7 @@ impl Acceptor {
                 hex(h.to)
             ));
         }
-        if !self.known.contains(&h.from) {
+        if !self.known.read().unwrap_or_else(|e| e.into_inner()).contains(&h.from) {
             return Err(format!("member {} is not in cluster {ours:x}", hex(h.from)));
         }
         Ok(())

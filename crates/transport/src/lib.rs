@@ -31,9 +31,9 @@ mod outbound;
 pub mod tls;
 pub mod url;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use cairn_raft::{Message, MessageBody, NodeId};
 pub use rustls_pki_types::ServerName;
@@ -158,7 +158,12 @@ impl TransportConfig {
 pub struct Transport {
     runtime: Option<Runtime>,
     peers: BTreeMap<NodeId, outbound::Peer>,
+    /// Where each peer was dialed, to tell a moved peer from an unchanged one.
+    addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
     snapshots: outbound::Snapshots,
+    known: Arc<RwLock<BTreeSet<NodeId>>>,
+    link: outbound::Link,
+    queue_len: usize,
 }
 
 impl std::fmt::Debug for Transport {
@@ -175,11 +180,11 @@ impl Transport {
             .thread_name(format!("cairn-peer-{:x}", cfg.local.0))
             .enable_all()
             .build()?;
-        let known: Vec<NodeId> = cfg.peers.keys().copied().collect();
+        let known = Arc::new(RwLock::new(cfg.peers.keys().copied().collect()));
         let accept = inbound::Acceptor {
             cluster_id: cfg.cluster_id,
             local: cfg.local,
-            known,
+            known: known.clone(),
             max_frame_bytes: cfg.max_frame_bytes,
             max_snapshot_bytes: cfg.max_snapshot_bytes,
             sink: sink.clone(),
@@ -203,8 +208,32 @@ impl Transport {
             let peer = outbound::Peer::spawn(&runtime, &link, *id, addrs.clone(), cfg.queue_len);
             peers.insert(*id, peer);
         }
-        let snapshots = outbound::Snapshots::new(link, cfg.peers);
-        Ok(Transport { runtime: Some(runtime), peers, snapshots })
+        let snapshots = outbound::Snapshots::new(link.clone(), cfg.peers.clone());
+        let queue_len = cfg.queue_len;
+        let addrs =
+            cfg.peers.into_iter().map(|(id, a)| (id, a.iter().map(|p| p.addr).collect())).collect();
+        Ok(Transport { runtime: Some(runtime), peers, addrs, snapshots, known, link, queue_len })
+    }
+
+    /// The membership changed: dial members added (or moved to other addresses), drop those
+    /// removed, and accept calls only from the members in `peers`.
+    pub fn set_peers(&mut self, peers: BTreeMap<NodeId, Vec<SocketAddr>>) {
+        let Some(rt) = &self.runtime else { return };
+        self.peers.retain(|id, _| peers.get(id) == self.addrs.get(id));
+        self.snapshots.addrs.retain(|id, _| peers.get(id) == self.addrs.get(id));
+        for (id, addrs) in &peers {
+            if !self.peers.contains_key(id) {
+                tracing::info!(peer = %outbound::hex(*id), ?addrs, "dialing a new or moved peer");
+                // Members added at run time are dialed in plain TCP: TLS for them needs their
+                // URLs' host names, which the membership does not hand over yet.
+                let plain: Vec<PeerAddr> = addrs.iter().copied().map(PeerAddr::from).collect();
+                self.snapshots.addrs.insert(*id, plain.clone());
+                let peer = outbound::Peer::spawn(rt, &self.link, *id, plain, self.queue_len);
+                self.peers.insert(*id, peer);
+            }
+        }
+        *self.known.write().unwrap_or_else(|e| e.into_inner()) = peers.keys().copied().collect();
+        self.addrs = peers;
     }
 
     /// Queues messages for their peers, in order per peer. Never blocks.

@@ -304,7 +304,7 @@ pub(crate) async fn read_reply<S: AsyncRead + Unpin>(
 /// Sends snapshots, each on a connection of its own, and reports how each ended.
 pub(crate) struct Snapshots {
     link: Link,
-    addrs: BTreeMap<NodeId, Vec<PeerAddr>>,
+    pub(crate) addrs: BTreeMap<NodeId, Vec<PeerAddr>>,
 }
 
 impl Snapshots {

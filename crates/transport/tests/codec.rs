@@ -53,8 +53,8 @@ fn payload() -> impl Strategy<Value = EntryPayload> {
     let leave = prop_oneof![Just(LeaveJoint::Auto), Just(LeaveJoint::Explicit)];
     prop_oneof![
         small_bytes().prop_map(EntryPayload::Normal),
-        (vec(change, 0..5), leave).prop_map(|(changes, leave_joint)| {
-            EntryPayload::ConfChange(ConfChange { changes, leave_joint })
+        (vec(change, 0..5), leave, small_bytes()).prop_map(|(changes, leave_joint, context)| {
+            EntryPayload::ConfChange(ConfChange { changes, leave_joint, context })
         }),
     ]
 }

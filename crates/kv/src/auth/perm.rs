@@ -155,9 +155,10 @@ impl AuthState {
         match cmd {
             // Raising or clearing an alarm changes what every client may do: root only. (The
             // alarms a member raises itself are proposed without a caller.)
-            Command::Auth(_) | Command::AlarmActivate(_) | Command::AlarmDeactivate(_) => {
-                self.check_admin(caller)
-            }
+            Command::Auth(_)
+            | Command::AlarmActivate(_)
+            | Command::AlarmDeactivate(_)
+            | Command::Membership { .. } => self.check_admin(caller),
             Command::Put(p) => {
                 self.check(caller, &p.key, &[], PermType::Write)?;
                 if p.lease.0 != 0 {

@@ -167,13 +167,21 @@ pub fn everything_at(rev: i64) -> RangeRequest {
     RangeRequest { revision: Revision(rev), ..everything() }
 }
 
-/// A member publishing its attributes; three members, so they overwrite each other's.
+/// A member publishing its attributes, or the membership setting peer URLs and removing
+/// members; three members, so they overwrite each other's.
 pub fn publish() -> impl Strategy<Value = Command> {
-    let urls = prop::collection::vec("http://[a-c]{1,2}:2379", 0..3);
-    (1u64..4, "[a-z]{0,3}", urls).prop_map(|(member, name, client_urls)| Command::PublishMember {
-        member,
-        attributes: MemberAttributes { name, client_urls },
-    })
+    let urls = || prop::collection::vec("http://[a-c]{1,2}:2379", 0..3);
+    let publish = (1u64..4, "[a-z]{0,3}", urls()).prop_map(|(member, name, client_urls)| {
+        Command::PublishMember {
+            member,
+            attributes: MemberAttributes { name, client_urls, ..Default::default() },
+        }
+    });
+    let peers = prop::collection::vec((1u64..4, urls()), 0..2);
+    let removed = prop::collection::vec(1u64..4, 0..2);
+    let membership =
+        (peers, removed).prop_map(|(peers, removed)| Command::Membership { peers, removed });
+    prop_oneof![3 => publish, 1 => membership]
 }
 
 /// Lease grants, revokes and checkpoints over three lease ids (so they collide).

@@ -107,6 +107,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 EntryPayload::Normal(data) if !data.is_empty() => {
                     Some(decode_entry(e.index, data)?)
                 }
+                EntryPayload::ConfChange(cc) => {
+                    self.work.membership = true;
+                    (!cc.context.is_empty())
+                        .then(|| decode_entry(e.index, &cc.context))
+                        .transpose()?
+                }
                 _ => None,
             });
         }
@@ -118,6 +124,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let (outcomes, prepared) = self.store.execute(&batch)?;
         self.work.commits.push(prepared);
         let me = self.raft.id().0;
+        if decoded.iter().flatten().any(|(_, c)| matches!(c, Command::Membership { .. })) {
+            self.work.membership = true;
+        }
         if decoded
             .iter()
             .flatten()
@@ -165,7 +174,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         cmd: &Command,
         result: &Result<CommandResponse, KvError>,
     ) {
-        let EntryPayload::Normal(data) = &entry.payload else { return };
+        let data = match &entry.payload {
+            EntryPayload::Normal(data) => data,
+            EntryPayload::ConfChange(cc) => &cc.context,
+        };
         let ours = self.proposals.get_mut(&id).is_some_and(|p| same_bytes(&p.data, data));
         if !ours {
             return;

@@ -13,6 +13,7 @@
 
 mod apply;
 mod lease;
+mod members;
 mod moves;
 mod publish;
 mod snapshot;
@@ -37,6 +38,7 @@ use crate::waiters::Waiters;
 use cairn_kv::Command;
 
 pub use apply::AppliedEntry;
+pub use members::MemberChange;
 
 /// What a caller is answered with when its request is done.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -88,6 +90,9 @@ pub struct Work<T> {
     pub leadership: Option<Leadership>,
     /// With [`ReplicaConfig::observe`]: what happened, in order, for checkers.
     pub observed: Vec<Observed>,
+    /// The membership or a member's peer URLs may have changed (a change applied, a snapshot
+    /// installed, or the replica just opened): the transport's peers follow it.
+    pub membership: bool,
 }
 
 impl<T> Default for Work<T> {
@@ -99,6 +104,7 @@ impl<T> Default for Work<T> {
             answers: Vec::new(),
             leadership: None,
             observed: Vec::new(),
+            membership: false,
         }
     }
 }
@@ -197,6 +203,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     unsent_snapshots: Vec<NodeId>,
     work: Work<T>,
     failed: Option<StorageError>,
+    /// The tick each peer was last heard from, for the membership's health checks.
+    heard: std::collections::HashMap<NodeId, u64>,
 }
 
 /// The membership a brand-new data directory starts with: the founding members of a new
@@ -238,8 +246,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
         let persisted = match (is_fresh(&rec), bootstrap) {
             (true, Bootstrap::Founding(conf)) => {
-                // Persist the founding configuration before anything else happens.
-                let p = Persisted::bootstrap(conf);
+                // Persist the founding configuration and peer URLs before anything else.
+                let p = founding(conf, &cfg.founding_peers);
                 wal.append(&p.entries, Some(&p.hard_state)).map_err(wal_err)?;
                 wal.sync().map_err(wal_err)?;
                 p
@@ -289,8 +297,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             incoming_image: None,
             outgoing_image: None,
             unsent_snapshots: Vec::new(),
-            work: Work::default(),
+            work: Work { membership: true, ..Work::default() },
             failed: None,
+            heard: std::collections::HashMap::new(),
             cfg,
         })
     }
@@ -331,6 +340,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// A message from a peer. A snapshot's image is kept aside; the core sees the metadata.
     pub fn handle_message(&mut self, msg: Message) {
+        self.heard.insert(msg.from, self.ticks);
         if let Some(msg) = self.accept_snapshot_image(msg) {
             self.raft.step(msg);
         }
@@ -588,6 +598,22 @@ fn is_empty(rd: &cairn_raft::Ready) -> bool {
         && rd.committed_entries.is_empty()
         && rd.read_states.is_empty()
         && rd.soft_state.is_none()
+}
+
+/// The founding entry records the founding members' peer URLs, so that a member that joins
+/// later and replays the log from the start learns them as every founder did.
+fn founding(conf: ConfState, peers: &[(u64, Vec<String>)]) -> Persisted {
+    let mut p = Persisted::bootstrap(conf);
+    if peers.is_empty() {
+        return p;
+    }
+    let cmd = Command::Membership { peers: peers.to_vec(), removed: Vec::new() };
+    for e in &mut p.entries {
+        if let cairn_raft::EntryPayload::ConfChange(cc) = &mut e.payload {
+            cc.context = crate::command::encode(0, &cmd);
+        }
+    }
+    p
 }
 
 fn is_fresh(rec: &Recovered) -> bool {

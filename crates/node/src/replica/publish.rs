@@ -69,7 +69,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let applied = self.store.member(id.0);
         let ticks = self.ticks;
         let Some(p) = &mut self.publisher else { return false };
-        if applied.as_ref() == Some(&p.attributes) {
+        // Peer URLs are the membership's, not published: only name and client URLs count, and
+        // a removed member has nothing left to publish.
+        let same = applied.as_ref().is_some_and(|a| {
+            a.removed || (a.name == p.attributes.name && a.client_urls == p.attributes.client_urls)
+        });
+        if same {
             p.settled = true;
             p.backoff = p.first_backoff;
             return false;

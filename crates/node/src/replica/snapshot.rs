@@ -138,6 +138,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.store_durable = meta.index;
         // The image brought the cluster's attributes for this member, whatever they are.
         self.unsettle_publisher();
+        self.work.membership = true;
         // Proposals this member appended as leader up to the snapshot are covered by it or were
         // replaced; which, the image cannot tell. Their outcome is unknown.
         let covered: Vec<_> =
