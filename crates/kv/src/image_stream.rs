@@ -49,14 +49,15 @@ pub(crate) struct StreamParts<V> {
     pub(crate) meta: ImageMeta,
     pub(crate) members: BTreeMap<u64, MemberAttributes>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
+    pub(crate) auth: std::sync::Arc<crate::auth::AuthState>,
 }
 
 impl<V: BackendView> ImageStream<V> {
     /// Measures the image and encodes its header.
     pub(crate) fn new(parts: StreamParts<V>) -> Result<ImageStream<V>, BackendError> {
-        let StreamParts { view, overlay, revs, meta, members, leases } = parts;
+        let StreamParts { view, overlay, revs, meta, members, leases, auth } = parts;
         let mut tail = Vec::new();
-        snapshot::put_tail(&mut tail, &members, &leases);
+        snapshot::put_tail(&mut tail, &members, &leases, &auth);
         let mut len = (HEADER_LEN + tail.len() + CHECKSUM_LEN) as u64;
         for rev in &revs {
             let encoded_len = match overlay.get(rev) {

@@ -199,23 +199,7 @@ impl Encoder {
         auth: &AuthState,
     ) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
-        put_tail(&mut self.buf, members, leases);
-        self.buf.put_u64(members.len() as u64);
-        for (id, attributes) in members {
-            let encoded = attributes.encode();
-            self.buf.put_u64(*id);
-            self.buf.put_u64(encoded.len() as u64);
-            self.buf.put_slice(&encoded);
-        }
-        self.buf.put_u64(leases.len() as u64);
-        for lease in leases.values() {
-            self.buf.put_i64(lease.id.0);
-            self.buf.put_i64(lease.ttl);
-            self.buf.put_i64(lease.remaining_ttl);
-        }
-        let auth = auth.encode();
-        self.buf.put_u64(auth.len() as u64);
-        self.buf.put_slice(&auth);
+        put_tail(&mut self.buf, members, leases, auth);
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
@@ -251,6 +235,7 @@ pub(crate) fn put_tail(
     buf: &mut Vec<u8>,
     members: &BTreeMap<u64, MemberAttributes>,
     leases: &BTreeMap<LeaseId, Lease>,
+    auth: &AuthState,
 ) {
     buf.put_u64(members.len() as u64);
     for (id, attributes) in members {
@@ -265,6 +250,9 @@ pub(crate) fn put_tail(
         buf.put_i64(lease.ttl);
         buf.put_i64(lease.remaining_ttl);
     }
+    let auth = auth.encode();
+    buf.put_u64(auth.len() as u64);
+    buf.put_slice(&auth);
 }
 
 /// Encodes an image of `records` (in increasing revision order), `members` and `leases` at

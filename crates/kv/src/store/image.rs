@@ -95,7 +95,8 @@ impl<B: Backend> Store<B> {
             let revs = inner.index.retained(inner.exec_compacted);
             let Capture { view, overlay, revs } = self.capture(&inner, revs)?;
             let (members, leases) = (inner.members.clone(), inner.leases.all().clone());
-            StreamParts { view, overlay, revs, meta, members, leases }
+            let auth = inner.auth.clone();
+            StreamParts { view, overlay, revs, meta, members, leases, auth }
         };
         ImageStream::new(parts)
     }
