@@ -229,32 +229,9 @@ impl Model {
                 apply_membership(&mut scratch.members, peers, removed);
                 Ok(CommandResponse::Membership)
             }
-            Command::LeaseGrant { id, ttl } => {
-                if scratch.leases.contains_key(id) {
-                    return Err(KvError::LeaseExist);
-                }
-                let lease = Lease { id: *id, ttl: *ttl, remaining_ttl: 0 };
-                scratch.leases.insert(*id, lease);
-                Ok(CommandResponse::LeaseGrant { revision: scratch.current, lease })
-            }
-            Command::LeaseRevoke { id } => {
-                if scratch.leases.remove(id).is_none() {
-                    return Err(KvError::LeaseNotFound);
-                }
-                for key in scratch.lease_keys(*id) {
-                    scratch.record(&mut tx, key, None);
-                }
-                let revision = if tx.writes > 0 { tx.rev } else { scratch.current };
-                Ok(CommandResponse::LeaseRevoke { revision })
-            }
-            Command::LeaseCheckpoint { checkpoints } => {
-                for (id, remaining) in checkpoints {
-                    if let Some(l) = scratch.leases.get_mut(id) {
-                        l.remaining_ttl = *remaining;
-                    }
-                }
-                Ok(CommandResponse::LeaseCheckpoint)
-            }
+            Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LeaseCheckpoint { .. } => scratch.lease(&mut tx, cmd),
             Command::AlarmActivate(a) if a.alarm == AlarmType::None => {
                 Ok(CommandResponse::Alarm(None))
             }
@@ -277,6 +254,39 @@ impl Model {
         }
         *self = scratch;
         Ok(resp)
+    }
+
+    /// The lease commands' part of [`Model::apply`].
+    fn lease(&mut self, tx: &mut Tx, cmd: &Command) -> Result<CommandResponse, KvError> {
+        match cmd {
+            Command::LeaseGrant { id, ttl } => {
+                if self.leases.contains_key(id) {
+                    return Err(KvError::LeaseExist);
+                }
+                let lease = Lease { id: *id, ttl: *ttl, remaining_ttl: 0 };
+                self.leases.insert(*id, lease);
+                Ok(CommandResponse::LeaseGrant { revision: self.current, lease })
+            }
+            Command::LeaseRevoke { id } => {
+                if self.leases.remove(id).is_none() {
+                    return Err(KvError::LeaseNotFound);
+                }
+                for key in self.lease_keys(*id) {
+                    self.record(tx, key, None);
+                }
+                let revision = if tx.writes > 0 { tx.rev } else { self.current };
+                Ok(CommandResponse::LeaseRevoke { revision })
+            }
+            Command::LeaseCheckpoint { checkpoints } => {
+                for (id, remaining) in checkpoints {
+                    if let Some(l) = self.leases.get_mut(id) {
+                        l.remaining_ttl = *remaining;
+                    }
+                }
+                Ok(CommandResponse::LeaseCheckpoint)
+            }
+            _ => unreachable!("only lease commands come here"),
+        }
     }
 
     fn put(

@@ -128,15 +128,7 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
         }
         Command::Membership { peers, removed } => {
             w.u8(9);
-            w.0.put_u32(peers.len() as u32);
-            for (member, urls) in peers {
-                w.u64(*member);
-                urls_out(&mut w, urls);
-            }
-            w.0.put_u32(removed.len() as u32);
-            for member in removed {
-                w.u64(*member);
-            }
+            membership(&mut w, peers, removed);
         }
         Command::LeaseCheckpoint { checkpoints } => {
             w.u8(8);
@@ -235,6 +227,19 @@ fn get_alarm(r: &mut R<'_>) -> Result<AlarmMember, DecodeError> {
     let member = r.u64()?;
     let alarm = AlarmType::from_i32(i32::from(r.u8()?)).ok_or(DecodeError("bad alarm type"))?;
     Ok(AlarmMember { member, alarm })
+}
+
+/// `count u32 | (member u64 | urls)* | count u32 | removed member u64*`.
+fn membership(w: &mut W, peers: &[(u64, Vec<String>)], removed: &[u64]) {
+    w.0.put_u32(peers.len() as u32);
+    for (member, urls) in peers {
+        w.u64(*member);
+        urls_out(w, urls);
+    }
+    w.0.put_u32(removed.len() as u32);
+    for member in removed {
+        w.u64(*member);
+    }
 }
 
 /// `count u32 | url*`.

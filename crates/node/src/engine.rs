@@ -176,10 +176,7 @@ impl Engine {
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);
-        let backend = LmdbBackend::open(&member.join("db"), cfg.map_bytes())
-            .map_err(|e| EngineError::Open(OpenError::Backend(e)))?;
-        let store =
-            Arc::new(Store::open(backend).map_err(|e| EngineError::Open(OpenError::Backend(e)))?);
+        let store = open_store(&member, &cfg)?;
         let wal_path = member.join("wal");
         let wal_dir = OsDir::create(&wal_path).map_err(io_err("create", &wal_path))?;
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
@@ -473,6 +470,13 @@ pub(crate) fn stopped(shared: &Shared) -> EngineError {
         Some(e) => EngineError::Stopped(StopCause::Storage(e)),
         None => EngineError::Stopped(StopCause::Shutdown),
     }
+}
+
+/// The store in `member/db`, its index rebuilt.
+fn open_store(member: &Path, cfg: &EngineConfig) -> Result<Arc<Store<LmdbBackend>>, EngineError> {
+    let open = |e| EngineError::Open(OpenError::Backend(e));
+    let backend = LmdbBackend::open(&member.join("db"), cfg.map_bytes()).map_err(open)?;
+    Ok(Arc::new(Store::open(backend).map_err(open)?))
 }
 
 impl Drop for Engine {

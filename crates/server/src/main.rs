@@ -236,20 +236,12 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         anyhow::bail!("--election-timeout must be at least twice --heartbeat-interval");
     }
     let listen = listen_client_urls(&a)?;
-    let t = &a.tls;
-    let client_tls =
-        tls_files("", &t.cert_file, &t.key_file, &t.trusted_ca_file, t.client_cert_auth)?;
-    let peer_tls = tls_files(
-        "peer-",
-        &t.peer_cert_file,
-        &t.peer_key_file,
-        &t.peer_trusted_ca_file,
-        t.peer_client_cert_auth,
-    )?;
-    let listen_metrics_urls = cli::listen_addrs("listen-metrics-urls", &a.listen_metrics_urls)?
-        .iter()
-        .map(|addr| format!("http://{addr}"))
-        .collect();
+    let (client_tls, peer_tls) = tls_flags(&a.tls)?;
+    let listen_metrics_urls: Vec<String> =
+        cli::listen_addrs("listen-metrics-urls", &a.listen_metrics_urls)?
+            .iter()
+            .map(|addr| format!("http://{addr}"))
+            .collect();
     let mut engine = EngineConfig::new(&a.name, &a.data_dir);
     engine.tick_interval = std::time::Duration::from_millis(a.heartbeat_interval);
     engine.election_ticks = (a.election_timeout / a.heartbeat_interval) as u32;
@@ -258,14 +250,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
-    if a.auth_token != "simple" {
-        anyhow::bail!(
-            "--auth-token {:?}: cairn supports only simple tokens (jwt is not supported yet)",
-            a.auth_token
-        );
-    }
-    engine.bcrypt_cost = a.bcrypt_cost;
-    engine.auth_token_ttl = std::time::Duration::from_secs(a.auth_token_ttl);
+    auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
@@ -310,6 +295,32 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         listen_metrics_urls,
         corrupt_check_interval: a.corrupt_check_time.filter(|d| !d.is_zero()),
     })
+}
+
+/// etcd's certificate flags, for the client and the peer listeners.
+fn tls_flags(t: &TlsArgs) -> Result<(Option<TlsFiles>, Option<TlsFiles>)> {
+    let client = tls_files("", &t.cert_file, &t.key_file, &t.trusted_ca_file, t.client_cert_auth)?;
+    let peer = tls_files(
+        "peer-",
+        &t.peer_cert_file,
+        &t.peer_key_file,
+        &t.peer_trusted_ca_file,
+        t.peer_client_cert_auth,
+    )?;
+    Ok((client, peer))
+}
+
+/// etcd's authentication flags.
+fn auth_flags(a: &ServeArgs, engine: &mut EngineConfig) -> Result<()> {
+    if a.auth_token != "simple" {
+        anyhow::bail!(
+            "--auth-token {:?}: cairn supports only simple tokens (jwt is not supported yet)",
+            a.auth_token
+        );
+    }
+    engine.bcrypt_cost = a.bcrypt_cost;
+    engine.auth_token_ttl = std::time::Duration::from_secs(a.auth_token_ttl);
+    Ok(())
 }
 
 /// Checks every URL flag as etcd reads it, and returns the client URLs with the IP addresses

@@ -178,8 +178,8 @@ async fn unimplemented_calls_are_named() {
         assert!(status.message().contains(want), "{path}: {:?}", status.message());
     }
     // A call cairn names itself keeps its own message.
-    let status = call(s.port, "/etcdserverpb.Maintenance/Defragment").await;
-    assert_eq!(status.message(), "cairn does not implement Maintenance.Defragment yet");
+    let status = call(s.port, "/etcdserverpb.Maintenance/Downgrade").await;
+    assert_eq!(status.message(), "cairn does not implement Maintenance.Downgrade yet");
 }
 
 fn h2_frame(ty: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
