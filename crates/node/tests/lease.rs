@@ -159,7 +159,9 @@ async fn a_revoke_storm_is_rate_limited_and_writes_go_on() {
     let all = start.elapsed();
     let first = halfway.expect("seen while revoking");
     assert!(all - first >= Duration::from_millis(800), "not rate-limited: {first:?} to {all:?}");
-    assert!(slowest < Duration::from_millis(500), "a write waited {slowest:?} during the storm");
+    // A write queued behind the storm would wait for most of its two seconds. The bound leaves
+    // room for one slow fsync: on a CI disk still writing back a large build, 650 ms was seen.
+    assert!(slowest < Duration::from_millis(1000), "a write waited {slowest:?} during the storm");
     e.stop();
     let _ = std::fs::remove_dir_all(&dir);
 }
