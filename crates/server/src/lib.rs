@@ -20,6 +20,7 @@
 
 #[cfg(feature = "server")]
 mod alarm;
+#[cfg(feature = "server")]
 mod auth;
 #[cfg(feature = "server")]
 mod authority;
