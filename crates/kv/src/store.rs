@@ -80,6 +80,17 @@ struct Inner {
 }
 
 impl Inner {
+    /// A reader of the executed state over `view`, which must have been opened under the lock
+    /// that guards `self`: every record the index references is then in the overlay or in it.
+    fn reader<'a, V: BackendView>(&'a self, view: &'a V) -> Reader<'a, V> {
+        Reader {
+            index: &self.index,
+            view,
+            pending: Some(&self.unflushed),
+            compacted: self.exec_compacted,
+        }
+    }
+
     /// The state of a backend holding `index`'s history, `members` and `meta`: nothing
     /// executed beyond it.
     fn new(
@@ -297,13 +308,7 @@ impl<B: Backend> Store<B> {
         // Open the view while holding the lock: every record the index references is in the
         // overlay or in this view.
         let view = self.backend.view()?;
-        let reader = Reader {
-            index: &inner.index,
-            view: &view,
-            pending: Some(&inner.unflushed),
-            compacted: inner.exec_compacted,
-        };
-        reader.range_at(req, inner.exec_current)
+        inner.reader(&view).range_at(req, inner.exec_current)
     }
 
     /// Executes committed Raft entries. Entries at or below the executed index are skipped

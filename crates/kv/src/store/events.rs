@@ -87,13 +87,14 @@ struct Run<'a, V: BackendView> {
 
 impl<'a, V: BackendView> Run<'a, V> {
     fn new(inner: &'a Inner, view: &'a V) -> Run<'a, V> {
-        let reader = Reader {
-            index: &inner.index,
-            view,
-            pending: Some(&inner.unflushed),
-            compacted: inner.exec_compacted,
-        };
-        Run { reader, revisions: Vec::new(), current: None, bytes: 0, error: None, cut: false }
+        Run {
+            reader: inner.reader(view),
+            revisions: Vec::new(),
+            current: None,
+            bytes: 0,
+            error: None,
+            cut: false,
+        }
     }
 
     fn full(&self) -> bool {

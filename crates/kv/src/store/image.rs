@@ -63,20 +63,9 @@ impl<B: Backend> Store<B> {
     /// complete (so the image does not depend on how far compaction got), every member's
     /// published attributes and every lease.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let (meta, members, leases, auth, capture) = {
-            let inner = self.read();
-            let meta = ImageMeta {
-                applied_index: inner.exec_applied,
-                current: inner.exec_current,
-                compacted: inner.exec_compacted,
-            };
-            let revs = inner.index.retained(inner.exec_compacted);
-            let leases = inner.leases.all().clone();
-            let auth = inner.auth.clone();
-            (meta, inner.members.clone(), leases, auth, self.capture(&inner, revs)?)
-        };
+        let StreamParts { view, overlay, revs, meta, members, leases, auth } = self.parts()?;
         let mut encoder = Encoder::new(meta);
-        capture.visit(|rev, record| encoder.push(rev, record))?;
+        Capture { view, overlay, revs }.visit(|rev, record| encoder.push(rev, record))?;
         Ok(encoder.finish_with_auth(&members, &leases, &auth))
     }
 
@@ -85,20 +74,29 @@ impl<B: Backend> Store<B> {
     /// writers go on while it is read. The stream borrows the store; read it off the async
     /// runtime (each piece may read the backend).
     pub fn image_stream(&self) -> Result<ImageStream<B::View<'_>>, BackendError> {
-        let parts = {
-            let inner = self.read();
-            let meta = ImageMeta {
-                applied_index: inner.exec_applied,
-                current: inner.exec_current,
-                compacted: inner.exec_compacted,
-            };
-            let revs = inner.index.retained(inner.exec_compacted);
-            let Capture { view, overlay, revs } = self.capture(&inner, revs)?;
-            let (members, leases) = (inner.members.clone(), inner.leases.all().clone());
-            let auth = inner.auth.clone();
-            StreamParts { view, overlay, revs, meta, members, leases, auth }
+        ImageStream::new(self.parts()?)
+    }
+
+    /// What an image holds, taken together under the lock: its header, the records it keeps
+    /// (read from the overlay or a view opened under the lock), members, leases and auth.
+    fn parts(&self) -> Result<StreamParts<B::View<'_>>, BackendError> {
+        let inner = self.read();
+        let meta = ImageMeta {
+            applied_index: inner.exec_applied,
+            current: inner.exec_current,
+            compacted: inner.exec_compacted,
         };
-        ImageStream::new(parts)
+        let revs = inner.index.retained(inner.exec_compacted);
+        let Capture { view, overlay, revs } = self.capture(&inner, revs)?;
+        Ok(StreamParts {
+            view,
+            overlay,
+            revs,
+            meta,
+            members: inner.members.clone(),
+            leases: inner.leases.all().clone(),
+            auth: inner.auth.clone(),
+        })
     }
 
     /// Replaces the whole state with `image`, durably, and returns its header. The image is

@@ -213,13 +213,7 @@ impl<B: Backend> Store<B> {
         if read.planned() && read.count as usize <= step_keys && read.bytes <= step_bytes {
             // Small: read it whole under this same lock, as one read always was.
             let view = self.backend.view()?;
-            let reader = Reader {
-                index: &inner.index,
-                view: &view,
-                pending: Some(&inner.unflushed),
-                compacted: inner.exec_compacted,
-            };
-            read.answer = Some(reader.range_at(req, header)?);
+            read.answer = Some(inner.reader(&view).range_at(req, header)?);
             read.phase = Phase::Done;
         }
         Ok(read)
@@ -246,13 +240,7 @@ impl<B: Backend> Store<B> {
             Phase::Reading(from) => {
                 let from = from.clone();
                 let view = self.backend.view()?;
-                let reader = Reader {
-                    index: &inner.index,
-                    view: &view,
-                    pending: Some(&inner.unflushed),
-                    compacted: inner.exec_compacted,
-                };
-                read_values(&reader, read, from, step_keys, step_bytes)
+                read_values(&inner.reader(&view), read, from, step_keys, step_bytes)
             }
             Phase::Done => Ok(()),
         }
@@ -296,34 +284,29 @@ fn read_values<V: BackendView>(
     }
     let (step_keys, step_bytes) = (step_keys.max(1), step_bytes.max(1));
     let mut taken: Vec<(Bytes, IndexEntry)> = Vec::new();
-    let mut bytes = 0u64;
+    let (mut bytes, mut next) = (0u64, None);
     let already = read.kvs.len();
-    walk(reader.index, &range, read.rev, from.as_ref(), usize::MAX, |k, e| {
-        if already + taken.len() >= read.hits || taken.len() >= step_keys || bytes >= step_bytes {
+    reader.index.range_from(&range, read.rev, from.as_deref(), |k, e| {
+        if already + taken.len() >= read.hits {
+            return false;
+        }
+        if taken.len() >= step_keys || bytes >= step_bytes {
+            next = Some(k.clone());
             return false;
         }
         bytes += read.entry_bytes(k, &e);
         taken.push((k.clone(), e));
         true
     });
-    // The walk stops by `visit` refusing a key, which gives no resume key: the next key to read
-    // is the one after the last taken.
-    let Some(next) = taken.last().map(|(k, _)| after(k)) else {
+    let done = already + taken.len() >= read.hits;
+    if !done && next.is_none() {
         // The plan saw more keys than are left at its revision: history it counted on was shed
         // (the pin failed). Never loop on it; the client retries.
         return Err(KvError::Interrupted);
-    };
+    }
     for (k, e) in taken {
         read.kvs.push(reader.kv(&k, e, with_value)?);
     }
-    read.phase = if read.kvs.len() >= read.hits { Phase::Done } else { Phase::Reading(Some(next)) };
+    read.phase = if done { Phase::Done } else { Phase::Reading(next) };
     Ok(())
-}
-
-/// The smallest key after `k`.
-fn after(k: &Bytes) -> Bytes {
-    let mut next = Vec::with_capacity(k.len() + 1);
-    next.extend_from_slice(k);
-    next.push(0);
-    Bytes::from(next)
 }
