@@ -159,7 +159,9 @@ proptest! {
     }
 
     /// Garbage behind a valid checksum (what a buggy encoder could produce) never panics the
-    /// decoder; whatever it accepts, it re-encodes to the same bytes.
+    /// decoder; whatever it accepts, it re-encodes to an image that decodes and re-encodes to
+    /// the same bytes. (Not to the bytes it was given: those are an older version's image,
+    /// which the encoder upgrades.)
     #[test]
     fn garbage_with_a_valid_checksum_never_panics(
         count in 0u64..4,
@@ -171,7 +173,10 @@ proptest! {
         if let Ok(image) = snapshot::decode(&raw) {
             let again =
                 snapshot::encode(image.meta(), image.records(), image.members(), image.leases());
-            prop_assert_eq!(again, raw);
+            let image = snapshot::decode(&again).expect("an encoded image decodes");
+            let third =
+                snapshot::encode(image.meta(), image.records(), image.members(), image.leases());
+            prop_assert_eq!(third, again);
         }
     }
 }

@@ -25,6 +25,8 @@ mod auth;
 #[cfg(feature = "server")]
 mod authority;
 #[cfg(feature = "server")]
+mod bulk;
+#[cfg(feature = "server")]
 mod cluster_api;
 #[cfg(feature = "server")]
 mod coalesce;
@@ -40,6 +42,8 @@ mod fdlimit;
 mod grpc_limit;
 #[cfg(feature = "server")]
 mod http;
+#[cfg(feature = "server")]
+mod large_response;
 #[cfg(feature = "server")]
 mod lease;
 #[cfg(feature = "server")]
@@ -190,6 +194,9 @@ pub async fn serve(
             0 => range_budget::default_bytes(),
             n => n,
         }),
+        bulk: bulk::BulkPool::start(
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
+        )?,
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
@@ -221,6 +228,7 @@ pub async fn serve(
                 req.map(|body| grpc_limit::limit(body, max_decode))
             },
         ))
+        .layer(tower::util::MapResponseLayer::new(large_response::send_encoded))
         .layer(tower::util::MapResponseLayer::new(range_budget::hold_until_sent));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut metrics_listeners = Vec::new();

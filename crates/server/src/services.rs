@@ -12,6 +12,7 @@ use tonic::{Request, Response, Status};
 use crate::auth::{auth_status, caller, check_admin};
 use crate::convert::{self, Header};
 use crate::errors::{no_leader, not_yet, status};
+use crate::large_response;
 use crate::range_budget::{self, RangeBudget};
 
 /// The etcd version cairn reports. Clients gate features on it: Kubernetes enables watch
@@ -31,6 +32,8 @@ pub struct Ctx {
     pub leader_channels: crate::lease::LeaderChannels,
     /// The bytes large Range responses in flight may take.
     pub range_budget: RangeBudget,
+    /// The low-priority threads that count, read and encode large ranges.
+    pub bulk: Arc<crate::bulk::BulkPool>,
 }
 
 /// The response header of this member now.
@@ -52,6 +55,15 @@ impl Ctx {
         }
         Ok(())
     }
+
+    /// Runs `work` on the bulk threads (bulk.rs), with the engine.
+    async fn bulk<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Engine) -> Result<T, cairn_node::EngineError> + Send + 'static,
+    ) -> Result<T, Status> {
+        let engine = self.engine.clone();
+        self.bulk.run(move || work(&engine)).await?.map_err(status)
+    }
 }
 
 #[tonic::async_trait]
@@ -66,28 +78,32 @@ impl pb::kv_server::Kv for Ctx {
         if let Some(c) = &caller {
             self.engine.auth_state().check_range(c, &req).map_err(auth_status)?;
         }
-        let plan = self.engine.range_plan(req).await.map_err(status)?;
-        // A large answer is read only once its bytes fit in the budget, and they stay charged
-        // until the response is sent (range_budget.rs).
-        let charge = match plan.is_read() {
-            true => None,
-            false => Some(self.range_budget.charge(plan.bytes(), range_budget::MAX_WAIT).await?),
-        };
-        let Some(charge) = charge else {
+        let plan = self.engine.range_begin(req).await.map_err(status)?;
+        if plan.is_read() {
             let r = self.engine.range_read(plan).await.map_err(status)?;
             return Ok(Response::new(self.header().range(r)));
+        }
+        // A large range is counted, read and encoded on the bulk threads: each is tens of
+        // milliseconds of CPU that the runtime's threads (one, on a 2-core machine) would
+        // otherwise take from every small request (bulk.rs says why not the blocking pool;
+        // a yielding task would share one runtime thread's queue). Its answer is read only once its bytes fit
+        // in the budget, and they stay charged until the response is sent (range_budget.rs).
+        let plan = match plan.is_planned() {
+            true => plan,
+            false => self.bulk(move |engine| engine.range_plan_blocking(plan)).await?,
         };
-        // Reading a large range's values and building its response take tens of milliseconds
-        // of CPU: on a thread of the blocking pool, so the runtime's threads keep serving
-        // small requests meanwhile (the OS shares the cores; a yielding task would share one
-        // runtime thread's queue with every other request).
-        let (engine, header) = (self.engine.clone(), self.header());
-        let built = tokio::task::spawn_blocking(move || {
-            engine.range_read_blocking(plan).map(|r| header.range(r))
-        });
-        let resp = built.await.map_err(|e| Status::internal(format!("range read: {e}")))?;
-        let mut resp = Response::new(resp.map_err(status)?);
+        let charge = self.range_budget.charge(plan.bytes(), range_budget::MAX_WAIT).await?;
+        let header = self.header();
+        let encoded = self
+            .bulk(move |engine| {
+                let r = engine.range_read_blocking(plan)?;
+                Ok(large_response::encode_range(&header, r))
+            })
+            .await??;
+        // tonic sends a placeholder; the layer in large_response.rs sends the encoded bytes.
+        let mut resp = Response::new(pb::RangeResponse::default());
         resp.extensions_mut().insert(charge);
+        resp.extensions_mut().insert(encoded);
         Ok(resp)
     }
 

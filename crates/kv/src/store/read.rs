@@ -26,14 +26,13 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-use crate::backend::{Backend, BackendView};
-use crate::exec::Reader;
+use crate::backend::{Backend, BackendError, BackendView};
 use crate::index::IndexEntry;
 use crate::range::{self, KeyRange};
 use crate::types::{KeyValue, RangeRequest, RangeResponse, Revision, SortTarget};
 use crate::KvError;
 
-use super::Store;
+use super::{Inner, Store};
 
 /// Bytes a key-value costs in a response beyond its key and value: its protobuf framing and
 /// fields (at most 6 tags, 5 varints, 3 lengths), rounded up.
@@ -239,8 +238,14 @@ impl<B: Backend> Store<B> {
             }
             Phase::Reading(from) => {
                 let from = from.clone();
+                let taken = take_step(&inner, read, from, step_keys, step_bytes)?;
+                // Opened under the lock, the view holds every record the overlay does not (see
+                // the module's comment); reading from it needs the lock no longer. A reading
+                // thread that loses its core mid-step (a busy machine, a low-priority thread)
+                // then holds up no write: only the index walk is done under the lock.
                 let view = self.backend.view()?;
-                read_values(&inner.reader(&view), read, from, step_keys, step_bytes)
+                drop(inner);
+                read_values(&view, read, taken)
             }
             Phase::Done => Ok(()),
         }
@@ -268,25 +273,26 @@ fn plan(index: &crate::index::Index, read: &mut RangeRead, step_keys: usize) {
     };
 }
 
-/// One reading step: the values of the next keys the answer takes.
-fn read_values<V: BackendView>(
-    reader: &Reader<'_, V>,
+/// A key a reading step takes: its index entry, and its value if it was found in the overlay
+/// of unflushed records (or is not wanted), else `None`: to be read from the backend's view.
+type Taken = (Bytes, IndexEntry, Option<Bytes>);
+
+/// The index half of a reading step, under the lock: the next keys the answer takes, with the
+/// values that only the overlay holds.
+fn take_step(
+    inner: &Inner,
     read: &mut RangeRead,
     from: Option<Bytes>,
     step_keys: usize,
     step_bytes: u64,
-) -> Result<(), KvError> {
+) -> Result<Vec<Taken>, KvError> {
     let range = KeyRange::new(&read.req.key, &read.req.range_end);
     let with_value = read.with_values();
-    if read.kvs.is_empty() {
-        // Only now, once a caller has had the plan's size: the answer's vector, whole.
-        read.kvs.reserve_exact(read.hits);
-    }
     let (step_keys, step_bytes) = (step_keys.max(1), step_bytes.max(1));
-    let mut taken: Vec<(Bytes, IndexEntry)> = Vec::new();
+    let mut taken: Vec<Taken> = Vec::new();
     let (mut bytes, mut next) = (0u64, None);
     let already = read.kvs.len();
-    reader.index.range_from(&range, read.rev, from.as_deref(), |k, e| {
+    inner.index.range_from(&range, read.rev, from.as_deref(), |k, e| {
         if already + taken.len() >= read.hits {
             return false;
         }
@@ -295,7 +301,11 @@ fn read_values<V: BackendView>(
             return false;
         }
         bytes += read.entry_bytes(k, &e);
-        taken.push((k.clone(), e));
+        let value = match with_value {
+            true => inner.unflushed.get(&e.rev).map(|r| r.value.clone()),
+            false => Some(Bytes::new()),
+        };
+        taken.push((k.clone(), e, value));
         true
     });
     let done = already + taken.len() >= read.hits;
@@ -304,9 +314,36 @@ fn read_values<V: BackendView>(
         // (the pin failed). Never loop on it; the client retries.
         return Err(KvError::Interrupted);
     }
-    for (k, e) in taken {
-        read.kvs.push(reader.kv(&k, e, with_value)?);
-    }
     read.phase = if done { Phase::Done } else { Phase::Reading(next) };
+    Ok(taken)
+}
+
+/// The values half of a reading step, without the lock: the values the overlay did not hold.
+fn read_values<V: BackendView>(
+    view: &V,
+    read: &mut RangeRead,
+    taken: Vec<Taken>,
+) -> Result<(), KvError> {
+    if read.kvs.is_empty() {
+        // Only now, once a caller has had the plan's size: the answer's vector, whole.
+        read.kvs.reserve_exact(read.hits);
+    }
+    for (key, e, value) in taken {
+        let value = match value {
+            Some(value) => value,
+            None => match view.get(e.rev).map_err(KvError::Backend)? {
+                Some(record) => record.value,
+                None => return Err(KvError::Backend(BackendError::MissingRecord(e.rev))),
+            },
+        };
+        read.kvs.push(KeyValue {
+            key,
+            create_revision: e.create,
+            mod_revision: e.rev.main,
+            version: e.version,
+            value,
+            lease: e.lease,
+        });
+    }
     Ok(())
 }

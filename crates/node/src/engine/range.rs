@@ -38,6 +38,12 @@ impl RangePlan {
     pub fn is_read(&self) -> bool {
         self.read.done()
     }
+
+    /// Whether the whole range has been counted, so [`RangePlan::bytes`] is final. A plan
+    /// from [`Engine::range_begin`] may not be; [`Engine::range_plan_blocking`] finishes it.
+    pub fn is_planned(&self) -> bool {
+        self.read.planned()
+    }
 }
 
 impl Engine {
@@ -53,6 +59,22 @@ impl Engine {
     /// (unless `serializable`), fixes the revision the read sees and counts what the answer
     /// holds, without reading values (except for a small range, read whole at once).
     pub async fn range_plan(&self, req: RangeRequest) -> Result<RangePlan, EngineError> {
+        let RangePlan { mut read } = self.range_begin(req).await?;
+        let store = &self.shared.store;
+        while !read.planned() {
+            tokio::task::yield_now().await;
+            self.check_running()?;
+            store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
+        }
+        Ok(RangePlan { read })
+    }
+
+    /// The first step of [`Engine::range_plan`]: checks the request, waits for the read barrier
+    /// (unless `serializable`), fixes the revision and plans (or reads, if small) the first
+    /// step's keys. The plan of a large range is unfinished ([`RangePlan::is_planned`]): a
+    /// caller with a blocking pool finishes it there ([`Engine::range_plan_blocking`]), as
+    /// counting a million keys takes a runtime thread's time even in yielding steps.
+    pub async fn range_begin(&self, req: RangeRequest) -> Result<RangePlan, EngineError> {
         if req.key.is_empty() {
             return Err(KvError::EmptyKey.into());
         }
@@ -60,10 +82,16 @@ impl Engine {
         if !req.serializable {
             self.read_barrier().await?;
         }
+        let read = self.shared.store.range_begin(&req, STEP_KEYS, STEP_BYTES)?;
+        Ok(RangePlan { read })
+    }
+
+    /// Finishes an unfinished plan from [`Engine::range_begin`], for a caller on a thread of
+    /// its own. The store's lock is given up between steps.
+    pub fn range_plan_blocking(&self, plan: RangePlan) -> Result<RangePlan, EngineError> {
+        let RangePlan { mut read } = plan;
         let store = &self.shared.store;
-        let mut read = store.range_begin(&req, STEP_KEYS, STEP_BYTES)?;
         while !read.planned() {
-            tokio::task::yield_now().await;
             self.check_running()?;
             store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
         }
