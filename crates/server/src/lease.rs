@@ -302,7 +302,7 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = crate::auth::caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let id = LeaseId(req.into_inner().id);
         let revision = self.engine.lease_revoke_as(caller, id).await.map_err(status)?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: self.header().at(revision) }))

@@ -124,9 +124,9 @@ pub struct ServeConfig {
 /// The Common Name of the certificate a client presented, once the client listener verified it
 /// (`--client-cert-auth` or `--trusted-ca-file` on an `https://` URL): a request extension on
 /// every gRPC and HTTP request of that connection, read with
-/// `request.extensions().get::<ClientCertName>()`. It is the client's identity when
-/// authentication is on and the request carries no token, as in etcd. A connection without a
-/// verified certificate has none.
+/// `request.extensions().get::<ClientCertName>()`. With `--client-cert-auth`, it is the client's
+/// identity when authentication is on and the request carries no token, as in etcd. A connection
+/// without a verified certificate has none.
 #[cfg(feature = "server")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientCertName(pub String);
@@ -190,6 +190,9 @@ pub async fn serve(
             0 => range_budget::default_bytes(),
             n => n,
         }),
+        authn: auth::Authn {
+            cert_auth: cfg.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
+        },
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
