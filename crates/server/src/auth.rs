@@ -12,6 +12,7 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::errors::status;
+use crate::jwt::AuthToken;
 use crate::services::Ctx;
 use crate::ClientCertName;
 
@@ -25,6 +26,8 @@ pub(crate) struct Authn {
     /// certificate's Common Name names the caller of a request without a token. A trusted CA
     /// file alone makes the listener verify certificates but, as in etcd, not name callers.
     pub(crate) cert_auth: bool,
+    /// `--auth-token`: how tokens are issued and checked.
+    pub(crate) tokens: AuthToken,
 }
 
 /// What a request carries to name its caller, kept for a stream's later requests (a watch
@@ -73,10 +76,7 @@ impl Authn {
         }
         if let Some(token) = token {
             let token = std::str::from_utf8(token).map_err(|_| AuthError::InvalidAuthToken)?;
-            return engine
-                .caller_from_token(token)
-                .map(Some)
-                .map_err(|_| AuthError::InvalidAuthToken);
+            return self.token_caller(engine, token).map(Some);
         }
         match cert_name.filter(|_| self.cert_auth) {
             Some(name) => {
@@ -84,6 +84,22 @@ impl Authn {
                 Ok(Some(Caller { user: name.to_string(), revision }))
             }
             None => Ok(Some(Caller::default())),
+        }
+    }
+
+    /// The caller a token names: a simple token's user at the current auth revision, a JWT
+    /// token's user at the revision it was issued at (older than the store's, the checks answer
+    /// `ErrAuthOldRevision` and etcd's clients authenticate again).
+    fn token_caller(&self, engine: &Engine, token: &str) -> Result<Caller, AuthError> {
+        match &self.tokens {
+            AuthToken::Simple => {
+                engine.caller_from_token(token).map_err(|_| AuthError::InvalidAuthToken)
+            }
+            AuthToken::Jwt(jwt) => jwt
+                .info(token)
+                .map(|(user, revision)| Caller { user, revision })
+                .ok_or(AuthError::InvalidAuthToken),
+            AuthToken::Nop => Err(AuthError::InvalidAuthToken),
         }
     }
 
@@ -198,7 +214,21 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthenticateRequest>,
     ) -> Answer<pb::AuthenticateResponse> {
         let r = req.into_inner();
-        let token = self.engine.authenticate(&r.name, &r.password).await.map_err(status)?;
+        let token = match &self.authn.tokens {
+            AuthToken::Simple => {
+                self.engine.authenticate(&r.name, &r.password).await.map_err(status)?
+            }
+            AuthToken::Jwt(jwt) => {
+                let (_, revision) =
+                    self.engine.check_password(&r.name, &r.password).await.map_err(status)?;
+                // etcd answers a signing failure as it is (codes.Unknown).
+                jwt.assign(&r.name, revision).map_err(|e| Status::unknown(e.to_string()))?
+            }
+            AuthToken::Nop => {
+                self.engine.check_password(&r.name, &r.password).await.map_err(status)?;
+                return Err(auth_status(AuthError::AuthFailed));
+            }
+        };
         let header = self.header().at(self.engine.revision());
         Ok(Response::new(pb::AuthenticateResponse { header, token }))
     }

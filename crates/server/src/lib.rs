@@ -41,6 +41,8 @@ mod grpc_limit;
 #[cfg(feature = "server")]
 mod http;
 #[cfg(feature = "server")]
+mod jwt;
+#[cfg(feature = "server")]
 mod lease;
 #[cfg(feature = "server")]
 mod listen;
@@ -67,6 +69,8 @@ mod test_pki;
 #[cfg(feature = "server")]
 mod watch;
 
+#[cfg(feature = "server")]
+pub use jwt::{AuthToken, AuthTokenError, Jwt};
 #[cfg(feature = "server")]
 pub use services::ETCD_COMPATIBLE_VERSION;
 #[cfg(feature = "server")]
@@ -119,6 +123,9 @@ pub struct ServeConfig {
     /// etcd's `--corrupt-check-time`: how often the leader compares members' HashKV (`None`:
     /// never, etcd's default).
     pub corrupt_check_interval: Option<std::time::Duration>,
+    /// etcd's `--auth-token`: simple tokens (the engine's, living `auth_token_ttl` past their
+    /// last use), JWT tokens, or none.
+    pub auth_token: AuthToken,
 }
 
 /// The Common Name of the certificate a client presented, once the client listener verified it
@@ -192,6 +199,7 @@ pub async fn serve(
         }),
         authn: auth::Authn {
             cert_auth: cfg.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
+            tokens: cfg.auth_token.clone(),
         },
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
