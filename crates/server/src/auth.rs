@@ -12,37 +12,105 @@ use tonic::metadata::MetadataMap;
 use tonic::{Request, Response, Status};
 
 use crate::errors::status;
+use crate::jwt::AuthToken;
 use crate::services::Ctx;
+use crate::ClientCertName;
 
 /// The metadata keys etcd clients put their token under (gRPC; the JSON gateway's).
 const TOKEN_KEYS: [&str; 2] = ["token", "authorization"];
 
-/// Who asks: `None` while auth is off (one atomic load: the whole cost of auth then), else the
-/// caller the request names, or the anonymous caller, whom every check refuses.
-///
-/// This is the one place a caller's identity is decided: a token today; a verified client
-/// certificate's common name joins here (etcd takes the certificate's name when the request
-/// carries no token).
-pub(crate) fn caller(engine: &Engine, metadata: &MetadataMap) -> Result<Option<Caller>, Status> {
-    caller_for_token(engine, token(metadata)).map_err(auth_status)
+/// How this member tells who asks, beside its auth store.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Authn {
+    /// etcd's `--client-cert-auth` (its `ClientCertAuthEnabled`): a verified client
+    /// certificate's Common Name names the caller of a request without a token. A trusted CA
+    /// file alone makes the listener verify certificates but, as in etcd, not name callers.
+    pub(crate) cert_auth: bool,
+    /// `--auth-token`: how tokens are issued and checked.
+    pub(crate) tokens: AuthToken,
+}
+
+/// What a request carries to name its caller, kept for a stream's later requests (a watch
+/// stream's creates).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Credentials {
+    token: Option<Box<[u8]>>,
+    cert_name: Option<Box<str>>,
+}
+
+impl Credentials {
+    pub(crate) fn of<T>(req: &Request<T>) -> Credentials {
+        Credentials {
+            token: token(req.metadata()).map(Box::from),
+            cert_name: cert_name(req).map(Box::from),
+        }
+    }
 }
 
 /// The token a request carries, if any.
-pub(crate) fn token(metadata: &MetadataMap) -> Option<&[u8]> {
+fn token(metadata: &MetadataMap) -> Option<&[u8]> {
     TOKEN_KEYS.iter().find_map(|k| metadata.get(*k)).map(|v| v.as_bytes())
 }
 
-/// [`caller`] for a token kept apart from its request (a watch stream's, at each create).
-pub(crate) fn caller_for_token(
-    engine: &Engine,
-    token: Option<&[u8]>,
-) -> Result<Option<Caller>, AuthError> {
-    if !engine.auth_enabled() {
-        return Ok(None);
+/// The Common Name of the client certificate the listener verified, if any.
+fn cert_name<T>(req: &Request<T>) -> Option<&str> {
+    req.extensions().get::<ClientCertName>().map(|n| n.0.as_str())
+}
+
+impl Authn {
+    /// Who asks: `None` while auth is off (one atomic load: the whole cost of auth then), else
+    /// the caller the request names, or the anonymous caller, whom every check refuses.
+    ///
+    /// This is the one place a caller's identity is decided, in etcd's order
+    /// (`EtcdServer.AuthInfoFromCtx`): a token when the request carries one, valid or not;
+    /// else, with `--client-cert-auth`, the verified certificate's Common Name at the current
+    /// auth revision (a name that is no user is refused by the checks, as etcd refuses it).
+    pub(crate) fn caller_of(
+        &self,
+        engine: &Engine,
+        token: Option<&[u8]>,
+        cert_name: Option<&str>,
+    ) -> Result<Option<Caller>, AuthError> {
+        if !engine.auth_enabled() {
+            return Ok(None);
+        }
+        if let Some(token) = token {
+            let token = std::str::from_utf8(token).map_err(|_| AuthError::InvalidAuthToken)?;
+            return self.token_caller(engine, token).map(Some);
+        }
+        match cert_name.filter(|_| self.cert_auth) {
+            Some(name) => {
+                let revision = engine.auth_state().revision;
+                Ok(Some(Caller { user: name.to_string(), revision }))
+            }
+            None => Ok(Some(Caller::default())),
+        }
     }
-    let Some(token) = token else { return Ok(Some(Caller::default())) };
-    let token = std::str::from_utf8(token).map_err(|_| AuthError::InvalidAuthToken)?;
-    engine.caller_from_token(token).map(Some).map_err(|_| AuthError::InvalidAuthToken)
+
+    /// The caller a token names: a simple token's user at the current auth revision, a JWT
+    /// token's user at the revision it was issued at (older than the store's, the checks answer
+    /// `ErrAuthOldRevision` and etcd's clients authenticate again).
+    fn token_caller(&self, engine: &Engine, token: &str) -> Result<Caller, AuthError> {
+        match &self.tokens {
+            AuthToken::Simple => {
+                engine.caller_from_token(token).map_err(|_| AuthError::InvalidAuthToken)
+            }
+            AuthToken::Jwt(jwt) => jwt
+                .info(token)
+                .map(|(user, revision)| Caller { user, revision })
+                .ok_or(AuthError::InvalidAuthToken),
+            AuthToken::Nop => Err(AuthError::InvalidAuthToken),
+        }
+    }
+
+    /// [`Authn::caller_of`] for kept credentials.
+    pub(crate) fn caller_for(
+        &self,
+        engine: &Engine,
+        c: &Credentials,
+    ) -> Result<Option<Caller>, AuthError> {
+        self.caller_of(engine, c.token.as_deref(), c.cert_name.as_deref())
+    }
 }
 
 /// A refused watch's `cancel_reason`: etcd puts the whole gRPC status text there, which its
@@ -66,14 +134,6 @@ pub(crate) fn auth_status(e: AuthError) -> Status {
     status(EngineError::Kv(KvError::Auth(e)))
 }
 
-/// etcd's check for the calls only a root user may make once auth is on.
-pub(crate) fn check_admin(engine: &Engine, metadata: &MetadataMap) -> Result<(), Status> {
-    match caller(engine, metadata)? {
-        Some(c) => engine.auth_state().check_admin(&c).map_err(auth_status),
-        None => Ok(()),
-    }
-}
-
 fn perm_pb(p: &Permission) -> authpb::Permission {
     authpb::Permission {
         perm_type: p.perm_type as i32,
@@ -83,13 +143,27 @@ fn perm_pb(p: &Permission) -> authpb::Permission {
 }
 
 impl Ctx {
+    /// The request's caller ([`Authn::caller_of`]).
+    pub(crate) fn caller<T>(&self, req: &Request<T>) -> Result<Option<Caller>, Status> {
+        let token = token(req.metadata());
+        self.authn.caller_of(&self.engine, token, cert_name(req)).map_err(auth_status)
+    }
+
+    /// etcd's check for the calls only a root user may make once auth is on.
+    pub(crate) fn check_admin<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        match self.caller(req)? {
+            Some(c) => self.engine.auth_state().check_admin(&c).map_err(auth_status),
+            None => Ok(()),
+        }
+    }
+
     /// Proposes an auth change for the request's caller; answers the header etcd sends.
     async fn change<T>(
         &self,
         req: &Request<T>,
         change: AuthCommand,
     ) -> Result<Option<pb::ResponseHeader>, Status> {
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(req)?;
         let (rev, _) = self.engine.auth_change(caller, change).await.map_err(status)?;
         Ok(self.header().at(rev))
     }
@@ -126,7 +200,7 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthStatusRequest>,
     ) -> Answer<pb::AuthStatusResponse> {
         let header = self.auth_read().await?;
-        check_admin(&self.engine, req.metadata())?;
+        self.check_admin(&req)?;
         let state = self.engine.auth_state();
         Ok(Response::new(pb::AuthStatusResponse {
             header,
@@ -140,7 +214,21 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthenticateRequest>,
     ) -> Answer<pb::AuthenticateResponse> {
         let r = req.into_inner();
-        let token = self.engine.authenticate(&r.name, &r.password).await.map_err(status)?;
+        let token = match &self.authn.tokens {
+            AuthToken::Simple => {
+                self.engine.authenticate(&r.name, &r.password).await.map_err(status)?
+            }
+            AuthToken::Jwt(jwt) => {
+                let (_, revision) =
+                    self.engine.check_password(&r.name, &r.password).await.map_err(status)?;
+                // etcd answers a signing failure as it is (codes.Unknown).
+                jwt.assign(&r.name, revision).map_err(|e| Status::unknown(e.to_string()))?
+            }
+            AuthToken::Nop => {
+                self.engine.check_password(&r.name, &r.password).await.map_err(status)?;
+                return Err(auth_status(AuthError::AuthFailed));
+            }
+        };
         let header = self.header().at(self.engine.revision());
         Ok(Response::new(pb::AuthenticateResponse { header, token }))
     }
@@ -149,7 +237,7 @@ impl pb::auth_server::Auth for Ctx {
         &self,
         req: Request<pb::AuthUserAddRequest>,
     ) -> Answer<pb::AuthUserAddResponse> {
-        let c = caller(&self.engine, req.metadata())?;
+        let c = self.caller(&req)?;
         let r = req.into_inner();
         let no_password = r.options.is_some_and(|o| o.no_password);
         let (rev, _) =
@@ -162,7 +250,7 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthUserGetRequest>,
     ) -> Answer<pb::AuthUserGetResponse> {
         let header = self.auth_read().await?;
-        let c = caller(&self.engine, req.metadata())?;
+        let c = self.caller(&req)?;
         let state = self.engine.auth_state();
         let name = req.into_inner().name;
         // etcd lets a user read its own roles.
@@ -178,7 +266,7 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthUserListRequest>,
     ) -> Answer<pb::AuthUserListResponse> {
         let header = self.auth_read().await?;
-        check_admin(&self.engine, req.metadata())?;
+        self.check_admin(&req)?;
         let users = self.engine.auth_state().users.keys().cloned().collect();
         Ok(Response::new(pb::AuthUserListResponse { header, users }))
     }
@@ -196,7 +284,7 @@ impl pb::auth_server::Auth for Ctx {
         &self,
         req: Request<pb::AuthUserChangePasswordRequest>,
     ) -> Answer<pb::AuthUserChangePasswordResponse> {
-        let c = caller(&self.engine, req.metadata())?;
+        let c = self.caller(&req)?;
         let r = req.into_inner();
         let (rev, _) =
             self.engine.user_change_password(c, &r.name, &r.password).await.map_err(status)?;
@@ -235,7 +323,7 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthRoleGetRequest>,
     ) -> Answer<pb::AuthRoleGetResponse> {
         let header = self.auth_read().await?;
-        let c = caller(&self.engine, req.metadata())?;
+        let c = self.caller(&req)?;
         let state = self.engine.auth_state();
         let role = req.into_inner().role;
         // etcd lets a user read the roles it holds.
@@ -254,7 +342,7 @@ impl pb::auth_server::Auth for Ctx {
         req: Request<pb::AuthRoleListRequest>,
     ) -> Answer<pb::AuthRoleListResponse> {
         let header = self.auth_read().await?;
-        check_admin(&self.engine, req.metadata())?;
+        self.check_admin(&req)?;
         let roles = self.engine.auth_state().roles.keys().cloned().collect();
         Ok(Response::new(pb::AuthRoleListResponse { header, roles }))
     }

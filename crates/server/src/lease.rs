@@ -18,6 +18,7 @@ use tokio_stream::Stream;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::auth_status;
 use crate::errors::status;
 use crate::services::{BoxStream, Ctx};
 
@@ -302,7 +303,7 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<pb::LeaseRevokeRequest>,
     ) -> Result<Response<pb::LeaseRevokeResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = crate::auth::caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let id = LeaseId(req.into_inner().id);
         let revision = self.engine.lease_revoke_as(caller, id).await.map_err(status)?;
         Ok(Response::new(pb::LeaseRevokeResponse { header: self.header().at(revision) }))
@@ -323,18 +324,32 @@ impl pb::lease_server::Lease for Ctx {
         req: Request<pb::LeaseTimeToLiveRequest>,
     ) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         self.check_leader(&req)?;
+        // etcd checks read on every attached key when they are asked for (and only then).
+        let caller = if req.get_ref().keys { self.caller(&req)? } else { None };
+        if caller.as_ref().is_some_and(|c| c.revision == 0) {
+            return Err(auth_status(cairn_kv::auth::AuthError::UserEmpty));
+        }
         let r = req.into_inner();
-        match self.engine.lease_time_to_live(LeaseId(r.id), r.keys).await {
-            Ok(t) => Ok(Response::new(pb::LeaseTimeToLiveResponse {
+        let resp = match self.engine.lease_time_to_live(LeaseId(r.id), r.keys).await {
+            Ok(t) => pb::LeaseTimeToLiveResponse {
                 header: self.header().at(t.revision),
                 id: r.id,
                 ttl: t.ttl,
                 granted_ttl: t.granted_ttl,
                 keys: t.keys.into_iter().map(|k| k.to_vec()).collect(),
-            })),
-            Err(EngineError::NotLeader) => self.leader_lease_client()?.lease_time_to_live(r).await,
-            Err(e) => Err(status(e)),
+            },
+            Err(EngineError::NotLeader) => {
+                self.leader_lease_client()?.lease_time_to_live(r).await?.into_inner()
+            }
+            Err(e) => return Err(status(e)),
+        };
+        if let Some(c) = &caller {
+            let state = self.engine.auth_state();
+            for key in &resp.keys {
+                state.check(c, key, b"", cairn_kv::auth::PermType::Read).map_err(auth_status)?;
+            }
         }
+        Ok(Response::new(resp))
     }
 
     async fn lease_leases(

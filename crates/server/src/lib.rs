@@ -43,6 +43,8 @@ mod grpc_limit;
 #[cfg(feature = "server")]
 mod http;
 #[cfg(feature = "server")]
+mod jwt;
+#[cfg(feature = "server")]
 mod large_response;
 #[cfg(feature = "server")]
 mod lease;
@@ -71,6 +73,8 @@ mod test_pki;
 #[cfg(feature = "server")]
 mod watch;
 
+#[cfg(feature = "server")]
+pub use jwt::{AuthToken, AuthTokenError, Jwt};
 #[cfg(feature = "server")]
 pub use services::ETCD_COMPATIBLE_VERSION;
 #[cfg(feature = "server")]
@@ -123,14 +127,17 @@ pub struct ServeConfig {
     /// etcd's `--corrupt-check-time`: how often the leader compares members' HashKV (`None`:
     /// never, etcd's default).
     pub corrupt_check_interval: Option<std::time::Duration>,
+    /// etcd's `--auth-token`: simple tokens (the engine's, living `auth_token_ttl` past their
+    /// last use), JWT tokens, or none.
+    pub auth_token: AuthToken,
 }
 
 /// The Common Name of the certificate a client presented, once the client listener verified it
 /// (`--client-cert-auth` or `--trusted-ca-file` on an `https://` URL): a request extension on
 /// every gRPC and HTTP request of that connection, read with
-/// `request.extensions().get::<ClientCertName>()`. It is the client's identity when
-/// authentication is on and the request carries no token, as in etcd. A connection without a
-/// verified certificate has none.
+/// `request.extensions().get::<ClientCertName>()`. With `--client-cert-auth`, it is the client's
+/// identity when authentication is on and the request carries no token, as in etcd. A connection
+/// without a verified certificate has none.
 #[cfg(feature = "server")]
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClientCertName(pub String);
@@ -197,6 +204,10 @@ pub async fn serve(
         bulk: bulk::BulkPool::start(
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
         )?,
+        authn: auth::Authn {
+            cert_auth: cfg.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
+            tokens: cfg.auth_token.clone(),
+        },
     };
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".

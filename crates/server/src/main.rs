@@ -6,7 +6,7 @@ mod config_file;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use cairn::{EngineConfig, ServeConfig};
+use cairn::{AuthToken, EngineConfig, ServeConfig};
 use cairn_node::cluster::{ClusterConfig, ClusterState};
 use cairn_transport::TlsFiles;
 use clap::{Args, Parser, Subcommand};
@@ -116,8 +116,9 @@ struct ServeArgs {
     /// default: 10; lower is faster and weaker).
     #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u32).range(4..=31))]
     bcrypt_cost: u32,
-    /// The auth token provider: `simple` (random tokens kept by the member that issued them).
-    /// etcd's `jwt,...` is not supported yet.
+    /// The auth token provider: `simple` (random tokens kept by the member that issued them),
+    /// or etcd's `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m` (signed tokens every
+    /// member with the key accepts; sign methods RS/PS/HS 256-512, ES256, ES384).
     #[arg(long, default_value = "simple")]
     auth_token: String,
     /// Seconds a simple auth token lives after its last use.
@@ -250,7 +251,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
     engine.lease_revoke_rate = a.lease_revoke_rate;
-    auth_flags(&a, &mut engine)?;
+    let auth_token = auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
@@ -294,6 +295,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         client_tls,
         listen_metrics_urls,
         corrupt_check_interval: a.corrupt_check_time.filter(|d| !d.is_zero()),
+        auth_token,
     })
 }
 
@@ -311,16 +313,12 @@ fn tls_flags(t: &TlsArgs) -> Result<(Option<TlsFiles>, Option<TlsFiles>)> {
 }
 
 /// etcd's authentication flags.
-fn auth_flags(a: &ServeArgs, engine: &mut EngineConfig) -> Result<()> {
-    if a.auth_token != "simple" {
-        anyhow::bail!(
-            "--auth-token {:?}: cairn supports only simple tokens (jwt is not supported yet)",
-            a.auth_token
-        );
-    }
+fn auth_flags(a: &ServeArgs, engine: &mut EngineConfig) -> Result<AuthToken> {
+    let token = AuthToken::parse(&a.auth_token)
+        .map_err(|e| anyhow::anyhow!("--auth-token: failed to create token provider: {e}"))?;
     engine.bcrypt_cost = a.bcrypt_cost;
     engine.auth_token_ttl = std::time::Duration::from_secs(a.auth_token_ttl);
-    Ok(())
+    Ok(token)
 }
 
 /// Checks every URL flag as etcd reads it, and returns the client URLs with the IP addresses

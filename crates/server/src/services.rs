@@ -9,7 +9,7 @@ use cairn_proto::etcdserverpb as pb;
 use tokio_stream::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::auth::{auth_status, caller, check_admin};
+use crate::auth::auth_status;
 use crate::convert::{self, Header};
 use crate::errors::{no_leader, not_yet, status};
 use crate::large_response;
@@ -34,6 +34,8 @@ pub struct Ctx {
     pub range_budget: RangeBudget,
     /// The low-priority threads that count, read and encode large ranges.
     pub bulk: Arc<crate::bulk::BulkPool>,
+    /// How callers are identified once auth is on.
+    pub(crate) authn: crate::auth::Authn,
 }
 
 /// The response header of this member now.
@@ -73,7 +75,7 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::RangeRequest>,
     ) -> Result<Response<pb::RangeResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
         if let Some(c) = &caller {
             self.engine.auth_state().check_range(c, &req).map_err(auth_status)?;
@@ -109,7 +111,7 @@ impl pb::kv_server::Kv for Ctx {
 
     async fn put(&self, req: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let put = convert::put_req(req.into_inner());
         let r = self.engine.put_as(caller, put).await.map_err(status)?;
         Ok(Response::new(self.header().put(r)))
@@ -120,7 +122,7 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::DeleteRangeRequest>,
     ) -> Result<Response<pb::DeleteRangeResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let delete = convert::delete_req(req.into_inner());
         let r = self.engine.delete_range_as(caller, delete).await.map_err(status)?;
         Ok(Response::new(self.header().delete(r)))
@@ -128,7 +130,7 @@ impl pb::kv_server::Kv for Ctx {
 
     async fn txn(&self, req: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         self.check_leader(&req)?;
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let txn = convert::txn_req(req.into_inner()).map_err(|e| status(e.into()))?;
         let r = self.engine.txn_as(caller, txn).await.map_err(status)?;
         Ok(Response::new(self.header().txn(r)))
@@ -152,7 +154,7 @@ impl pb::kv_server::Kv for Ctx {
         req: Request<pb::RangeRequest>,
     ) -> Result<Response<Self::RangeStreamStream>, Status> {
         self.check_leader(&req)?;
-        let caller = caller(&self.engine, req.metadata())?;
+        let caller = self.caller(&req)?;
         let req = convert::range_req(req.into_inner()).map_err(|e| status(e.into()))?;
         if let Some(c) = &caller {
             self.engine.auth_state().check_range(c, &req).map_err(auth_status)?;
@@ -214,7 +216,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
         &self,
         req: Request<pb::HashKvRequest>,
     ) -> Result<Response<pb::HashKvResponse>, Status> {
-        check_admin(&self.engine, req.metadata())?;
+        self.check_admin(&req)?;
         let rev = cairn_kv::Revision(req.into_inner().revision);
         let h = self.engine.hash_kv(rev).map_err(status)?;
         let current = self.engine.revision();

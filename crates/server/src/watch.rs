@@ -23,6 +23,7 @@ use prost::Message;
 use tokio_stream::{Stream, StreamExt};
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::auth::{Authn, Credentials};
 use crate::convert::kv_pb;
 use crate::errors::status;
 use crate::metrics::{WatchStats, GRPC, WATCH};
@@ -48,10 +49,10 @@ impl wpb::watch_server::Watch for Ctx {
         // Replies encoded ahead of the client (`pipe::SLOTS` of them): the rest waits in the
         // engine as history, not here. Boxed, so the slots of an idle stream stay small.
         let (tx, rx) = pipe::<Reply>();
-        let token = crate::auth::token(req.metadata()).map(Box::from);
+        let who = Box::new((self.authn.clone(), Credentials::of(&req)));
         let stream = Box::new(Served {
             engine: self.engine.clone(),
-            token,
+            who,
             ws,
             requests: req.into_inner(),
             read: VecDeque::new(),
@@ -86,8 +87,9 @@ enum Last {
 /// (unallocated) while the stream is idle.
 struct Served {
     engine: Arc<Engine>,
-    /// The auth token the stream was opened with: each create is checked with it.
-    token: Option<Box<[u8]>>,
+    /// How callers are identified, and what the stream was opened with (its token, its
+    /// client certificate): each create is checked with them.
+    who: Box<(Authn, Credentials)>,
     ws: WatchStream,
     requests: Streaming<wpb::WatchRequest>,
     /// Requests read but not yet handled.
@@ -210,7 +212,7 @@ impl Served {
             return Ok(());
         }
         if let Some(req) = self.read.pop_front() {
-            handle(&mut self.ws, req, &self.engine, self.token.as_deref());
+            handle(&mut self.ws, req, &self.engine, &self.who);
             self.recount_watchers();
             if self.read.is_empty() {
                 // An idle stream keeps no queue (requests are rare next to replies).
@@ -244,12 +246,17 @@ async fn tick(ticker: &mut Option<tokio::time::Interval>) {
     }
 }
 
-fn handle(ws: &mut WatchStream, req: wpb::WatchRequest, engine: &Engine, token: Option<&[u8]>) {
+fn handle(
+    ws: &mut WatchStream,
+    req: wpb::WatchRequest,
+    engine: &Engine,
+    who: &(Authn, Credentials),
+) {
     use wpb::watch_request::RequestUnion as R;
     match req.request_union {
         Some(R::CreateRequest(c)) => {
             // etcd checks read on the watched keys at each create, refusing with its error text.
-            let allowed = crate::auth::caller_for_token(engine, token).and_then(|caller| {
+            let allowed = who.0.caller_for(engine, &who.1).and_then(|caller| {
                 let Some(caller) = caller else { return Ok(()) };
                 let state = engine.auth_state();
                 state.check(&caller, &c.key, &c.range_end, cairn_kv::auth::PermType::Read)

@@ -38,6 +38,7 @@ fn fd_child_server() {
         client_tls: None,
         listen_metrics_urls: vec![],
         corrupt_check_interval: None,
+        auth_token: cairn::AuthToken::Simple,
     };
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");

@@ -32,6 +32,7 @@ async fn serve(tag: &str, dir: &Path, files: TlsFiles) -> (u16, tokio::sync::one
         client_tls: Some(files),
         listen_metrics_urls: vec![],
         corrupt_check_interval: None,
+        auth_token: cairn::AuthToken::Simple,
     };
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {

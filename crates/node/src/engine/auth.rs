@@ -123,6 +123,23 @@ impl Engine {
 
     /// etcd's `Authenticate`: a token for a user whose password matches, once auth is on.
     pub async fn authenticate(&self, name: &str, password: &str) -> Result<String, EngineError> {
+        let (password_hash, revision) = self.check_password(name, password).await?;
+        let ttl = self.cfg.auth_token_ttl;
+        let token = self.tokens.issue(name, &password_hash, revision, ttl);
+        if token.is_empty() {
+            return Err(EngineError::Internal("no randomness for an auth token"));
+        }
+        Ok(token)
+    }
+
+    /// etcd's password check before it issues a token of any kind: the user's password hash and
+    /// the auth revision it was checked at, or `ErrAuthFailed` (`ErrAuthNotEnabled` while auth
+    /// is off). A server that signs its own tokens (JWT) issues them on this answer.
+    pub async fn check_password(
+        &self,
+        name: &str,
+        password: &str,
+    ) -> Result<(String, u64), EngineError> {
         // A user added just before, through another member, can authenticate here.
         self.read_barrier().await?;
         let state = self.auth_state();
@@ -138,12 +155,7 @@ impl Engine {
         if !matches {
             return Err(auth_err(AuthError::AuthFailed));
         }
-        let token =
-            self.tokens.issue(name, &user.password_hash, state.revision, self.cfg.auth_token_ttl);
-        if token.is_empty() {
-            return Err(EngineError::Internal("no randomness for an auth token"));
-        }
-        Ok(token)
+        Ok((user.password_hash.clone(), state.revision))
     }
 
     /// Hashes a password with this member's bcrypt cost. A caller refused anyway is refused

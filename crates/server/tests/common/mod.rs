@@ -41,6 +41,7 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
         client_tls: None,
         listen_metrics_urls: vec![],
         corrupt_check_interval: None,
+        auth_token: cairn::AuthToken::Simple,
     };
     tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();

@@ -1,0 +1,223 @@
+use super::*;
+
+/// A test key's path (crates/server/tests/jwt-keys, made with openssl for these tests).
+fn key(name: &str) -> String {
+    format!("{}/tests/jwt-keys/{name}", env!("CARGO_MANIFEST_DIR"))
+}
+
+fn jwt(opts: &str) -> Arc<Jwt> {
+    match AuthToken::parse(opts) {
+        Ok(AuthToken::Jwt(j)) => j,
+        other => panic!("{opts}: {other:?}"),
+    }
+}
+
+fn err(opts: &str) -> AuthTokenError {
+    AuthToken::parse(opts).expect_err(opts)
+}
+
+/// base64url without padding, as JWT parts are written.
+fn b64(data: &[u8]) -> String {
+    const ABC: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut out = String::new();
+    for chunk in data.chunks(3) {
+        let n = chunk.iter().enumerate().fold(0u32, |n, (i, b)| n | u32::from(*b) << (16 - 8 * i));
+        for i in 0..=chunk.len() {
+            out.push(char::from(ABC[(n >> (18 - 6 * i) & 63) as usize]));
+        }
+    }
+    out
+}
+
+/// A token with these claims, signed by `j`'s key with `alg`.
+fn signed(j: &Jwt, alg: Algorithm, claims: serde_json::Value) -> String {
+    let key = j.encoding.as_ref().expect("a signing key");
+    jsonwebtoken::encode(&Header::new(alg), &claims, key).expect("signs")
+}
+
+fn now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).expect("after 1970").as_secs()
+}
+
+#[test]
+fn the_flag_parses_as_etcds() {
+    assert!(matches!(AuthToken::parse("simple"), Ok(AuthToken::Simple)));
+    // etcd ignores a simple token's options, but not malformed ones.
+    assert!(matches!(AuthToken::parse("simple,ttl=1m"), Ok(AuthToken::Simple)));
+    assert!(matches!(AuthToken::parse(""), Ok(AuthToken::Nop)));
+    for bad in ["simple,", "simple,ttl", "jwt,a=b=c", "jwt,ttl=1m,ttl=2m", "bogus", "JWT"] {
+        assert!(matches!(err(bad), AuthTokenError::InvalidAuthOpts(_)), "{bad}: {}", err(bad));
+    }
+    let rs = |extra: &str| format!("jwt,priv-key={},sign-method=RS256{extra}", key("rsa.pem"));
+    assert!(err(&rs(",ttl=soon")).to_string().starts_with("auth: invalid auth options"));
+    assert_eq!(jwt(&rs("")).ttl, DEFAULT_TTL);
+    assert_eq!(jwt(&rs(",ttl=90s")).ttl, Duration::from_secs(90));
+    // Unknown options are only warned about, as etcd does.
+    assert_eq!(jwt(&rs(",colour=blue")).alg, Algorithm::RS256);
+    for method in ["", "sign-method=", "sign-method=RS1024", "sign-method=rs256"] {
+        let opts = format!("jwt,priv-key={},{method}", key("rsa.pem"));
+        let opts = opts.trim_end_matches(',');
+        assert!(matches!(err(opts), AuthTokenError::InvalidAuthOpts(_)), "{opts}");
+    }
+    for method in ["EdDSA", "none", "ES512"] {
+        let opts = format!("jwt,priv-key={},sign-method={method}", key("ec.pem"));
+        assert!(matches!(err(&opts), AuthTokenError::UnsupportedMethod(_)), "{opts}");
+    }
+    let missing = format!("jwt,priv-key={},sign-method=RS256", key("no-such-file"));
+    assert!(err(&missing).to_string().contains("no-such-file"), "{}", err(&missing));
+}
+
+#[test]
+fn keys_are_checked_at_start() {
+    for method in ["RS256", "ES256", "HS256"] {
+        assert_eq!(err(&format!("jwt,sign-method={method}")), AuthTokenError::MissingKey);
+    }
+    // HMAC takes its secret from priv-key alone.
+    let hs = format!("jwt,pub-key={},sign-method=HS256", key("rsa.pub.pem"));
+    assert_eq!(err(&hs), AuthTokenError::MissingKey);
+    let mismatch = format!(
+        "jwt,pub-key={},priv-key={},sign-method=RS256",
+        key("other-rsa.pub.pem"),
+        key("rsa.pem")
+    );
+    assert_eq!(err(&mismatch), AuthTokenError::KeyMismatch);
+    let cases = [
+        ("priv-key", "ec.pem", "RS256"),
+        ("priv-key", "rsa.pem", "ES256"),
+        ("priv-key", "ec-sec1.pem", "ES256"),
+        ("priv-key", "ec384.pem", "ES256"),
+        ("priv-key", "README", "RS256"),
+        ("pub-key", "README", "RS256"),
+        ("pub-key", "ec.pub.pem", "RS256"),
+    ];
+    for (option, file, method) in cases {
+        let opts = format!("jwt,{option}={},sign-method={method}", key(file));
+        assert!(matches!(err(&opts), AuthTokenError::BadKey { .. }), "{opts}: {:?}", err(&opts));
+    }
+}
+
+#[test]
+fn a_token_passes_every_member_with_the_key_and_carries_etcds_claims() {
+    let both = format!("pub-key={},priv-key={}", key("rsa.pub.pem"), key("rsa.pem"));
+    let pkcs8 = format!("priv-key={}", key("rsa-pkcs8.pem"));
+    let ec = format!("pub-key={},priv-key={}", key("ec.pub.pem"), key("ec.pem"));
+    let hs = format!("priv-key={}", key("README"));
+    let cases = [
+        (both.as_str(), "RS256"),
+        (&both, "RS512"),
+        (&both, "PS256"),
+        (&pkcs8, "RS384"),
+        (&ec, "ES256"),
+        (&format!("priv-key={}", key("ec384.pem")), "ES384"),
+        (&hs, "HS256"),
+        (&hs, "HS512"),
+    ];
+    for (keys, method) in cases {
+        let a = jwt(&format!("jwt,{keys},sign-method={method},ttl=1m"));
+        let b = jwt(&format!("jwt,{keys},sign-method={method}"));
+        let token = a.assign("alice", 7).expect("signs");
+        assert_eq!(b.info(&token), Some(("alice".to_string(), 7)), "{method}");
+        let header = jsonwebtoken::decode_header(&token).map(|h| (h.alg, h.typ)).expect("header");
+        assert_eq!(header, (a.alg, Some("JWT".into())));
+        let claims = jsonwebtoken::decode::<serde_json::Value>(&token, &b.decoding, &b.validation)
+            .expect("claims")
+            .claims;
+        let exp = claims["exp"].as_u64().expect("exp");
+        assert!(exp.abs_diff(now() + 60) <= 2, "{claims}");
+        assert_eq!((&claims["username"], &claims["revision"]), (&"alice".into(), &7.into()));
+    }
+    // A member with only the public key checks tokens and issues none (etcd's verify-only).
+    let signer = jwt(&format!("jwt,{both},sign-method=RS256"));
+    let checker = jwt(&format!("jwt,pub-key={},sign-method=RS256", key("rsa.pub.pem")));
+    let token = signer.assign("bob", 3).expect("signs");
+    assert_eq!(checker.info(&token), Some(("bob".to_string(), 3)));
+    assert_eq!(checker.assign("bob", 3), Err(AssignError::VerifyOnly));
+}
+
+#[test]
+fn expired_forged_and_confused_tokens_are_refused() {
+    let priv_key = key("rsa.pem");
+    let member = jwt(&format!("jwt,priv-key={priv_key},sign-method=RS256"));
+    let ok = |exp: u64| serde_json::json!({"username": "alice", "revision": 2, "exp": exp});
+    assert!(member.info(&signed(&member, Algorithm::RS256, ok(now() + 30))).is_some());
+    assert_eq!(member.info(&signed(&member, Algorithm::RS256, ok(now() - 1))), None, "expired");
+    // etcd does not require exp.
+    let no_exp = serde_json::json!({"username": "alice", "revision": 2});
+    assert!(member.info(&signed(&member, Algorithm::RS256, no_exp)).is_some());
+    // Signed by another key.
+    let other = jwt(&format!("jwt,priv-key={},sign-method=RS256", key("other-rsa.pem")));
+    assert_eq!(member.info(&other.assign("root", 9).expect("signs")), None, "forged");
+    // The same key with another method than the member's.
+    assert_eq!(member.info(&signed(&member, Algorithm::RS512, ok(now() + 30))), None);
+    assert_eq!(member.info(&signed(&member, Algorithm::PS256, ok(now() + 30))), None);
+    // The public key used as an HMAC secret (the classic confusion), and no signature at all.
+    let public = std::fs::read(key("rsa.pub.pem")).expect("the public key");
+    let confused = jsonwebtoken::encode(
+        &Header::new(Algorithm::HS256),
+        &ok(now() + 30),
+        &EncodingKey::from_secret(&public),
+    )
+    .expect("signs");
+    assert_eq!(member.info(&confused), None, "HS256 with the public key");
+    let payload = b64(ok(now() + 30).to_string().as_bytes());
+    for header in [r#"{"alg":"none","typ":"JWT"}"#, r#"{"alg":"None"}"#, r#"{"alg":"RS256"}"#] {
+        let unsigned = format!("{}.{payload}.", b64(header.as_bytes()));
+        assert_eq!(member.info(&unsigned), None, "{header}");
+    }
+    // Claims etcd cannot read.
+    for claims in [
+        serde_json::json!({"revision": 2, "exp": now() + 30}),
+        serde_json::json!({"username": 5, "revision": 2}),
+        serde_json::json!({"username": "alice", "revision": "2"}),
+        serde_json::json!({"username": "alice", "revision": 2, "exp": "never"}),
+        serde_json::json!(["alice", 2]),
+    ] {
+        assert_eq!(
+            member.info(&signed(&member, Algorithm::RS256, claims.clone())),
+            None,
+            "{claims}"
+        );
+    }
+}
+
+#[test]
+fn malformed_tokens_are_refused_without_a_panic() {
+    let member = jwt(&format!("jwt,priv-key={},sign-method=ES256", key("ec.pem")));
+    let good = member.assign("alice", 2).expect("signs");
+    let mut tokens = vec![
+        String::new(),
+        ".".into(),
+        "..".into(),
+        "a.b.c".into(),
+        "a.b.c.d".into(),
+        "x".repeat(1 << 20),
+        format!("{}.{}.{}", "e".repeat(1 << 19), "e".repeat(1 << 19), "e"),
+        good.replace('.', ""),
+        format!("{good}x"),
+        good[..good.len() - 2].to_string(),
+        String::from_utf8_lossy(&[0xff, 0x00, 0x2e, 0x80, 0x2e, 0x01]).into_owned(),
+    ];
+    // Every one-byte change of a good token, and runs of random bytes.
+    let bytes = good.as_bytes();
+    for i in 0..bytes.len() {
+        let mut t = bytes.to_vec();
+        t[i] = if t[i] == b'A' { b'B' } else { b'A' };
+        tokens.push(String::from_utf8(t).expect("ASCII"));
+    }
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for _ in 0..2000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let len = (x % 200) as usize;
+        let t: Vec<u8> =
+            (0..len).map(|i| b"ab.-_=+/0eyJ"[((x >> (i % 60)) % 12) as usize]).collect();
+        tokens.push(String::from_utf8(t).expect("ASCII"));
+    }
+    for t in &tokens {
+        if t != &good {
+            assert_eq!(member.info(t), None, "{}", &t[..t.len().min(80)]);
+        }
+    }
+    assert!(member.info(&good).is_some());
+}
