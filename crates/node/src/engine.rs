@@ -182,8 +182,13 @@ impl Engine {
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
         let stored_index = store.applied_index();
         let metrics = Arc::new(EngineMetrics::default());
+        let images = Arc::new(cairn_transport::OutgoingImages::default());
+        let mut rc = replica_config(&cfg, id, metrics.clone());
+        if cfg.cluster.is_some() {
+            rc.images = Some(crate::ImageMaker::new(store.clone(), images.clone()));
+        }
         let replica: EngineReplica = Replica::open_with(
-            replica_config(&cfg, id, metrics.clone()),
+            rc,
             crate::metrics::TimedDir::new(wal_dir, metrics.clone()),
             wal_opts,
             store.clone(),
@@ -204,7 +209,14 @@ impl Engine {
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let transport = match &cfg.cluster {
-            Some(c) => Some(crate::peers::start(c, tx.clone(), metrics.peers.clone())?),
+            Some(c) => {
+                let snap = crate::peers::Snapshots {
+                    dir: member.join("snap"),
+                    images,
+                    send_rate: cfg.snapshot_send_rate,
+                };
+                Some(crate::peers::start(c, tx.clone(), metrics.peers.clone(), snap)?)
+            }
             None => None,
         };
         let mut driver = Driver::new(

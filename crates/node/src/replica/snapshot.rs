@@ -8,16 +8,27 @@
 //! committed state is a valid snapshot; the leader's progress for the follower accepts an
 //! acknowledgement at or above the index it asked for.
 //!
-//! A received image is kept aside and the core sees the message without it. When the core asks
-//! to install the snapshot, the store replaces its contents with the image atomically and
-//! durably first, and only then does the log record the install (`Wal::install_snapshot`): a
-//! crash before the store's commit leaves the old state, a crash between the two leaves a store
-//! ahead of its log, which replay handles (the store skips entries it holds), and a crash after
-//! leaves the new state.
+//! With peers (`ReplicaConfig::images`), the image never enters the message: the replica takes
+//! a read view of the store on a thread of its own (`crate::snapshot_images`) and the message
+//! carries a handle to it, which the transport streams in chunks; on the receiving member the
+//! message arrives with a handle to the file the chunks were written to, its checksum already
+//! verified. Without peers (the simulator, tests) the message carries the image itself.
+//!
+//! A received image (or its file) is kept aside and the core sees the message without it. When
+//! the core asks to install the snapshot, the store replaces its contents with the image
+//! atomically and durably first, and only then does the log record the install
+//! (`Wal::install_snapshot`): a crash before the store's commit leaves the old state, a crash
+//! between the two leaves a store ahead of its log, which replay handles (the store skips
+//! entries it holds), and a crash after leaves the new state. The file goes last: one left by a
+//! crash is removed when the transport starts, as the core no longer knows its message.
+
+use std::io::Read;
+use std::path::Path;
 
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_raft::{LogIndex, Message, MessageBody, Snapshot, SnapshotMeta};
+use cairn_transport::images::received_image;
 
 use cairn_storage::fs::Dir;
 
@@ -57,9 +68,16 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if index.0 != self.store.executed_index() {
             return Ok(None);
         }
-        let data = match &self.outgoing_image {
-            Some((at, data)) if *at == index => data.clone(),
-            _ => {
+        let data = match (&self.cfg.images, &self.outgoing_image) {
+            (Some(maker), _) => match maker.make() {
+                Ok(handle) => handle,
+                Err(e) => {
+                    tracing::warn!(index = index.0, "cannot read the store for a snapshot: {e}");
+                    return Ok(None);
+                }
+            },
+            (None, Some((at, data))) if *at == index => data.clone(),
+            (None, _) => {
                 let data = self.store.image()?;
                 self.outgoing_image = Some((index, data.clone()));
                 data
@@ -88,30 +106,49 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// to catch up, forever in an idle cluster (the simulator found a learner stuck so).
     pub(super) fn accept_snapshot_image(&mut self, mut msg: Message) -> Option<Message> {
         let MessageBody::Snapshot { snapshot } = &mut msg.body else { return Some(msg) };
-        if snapshot.meta.index.0 < self.store.executed_index() {
-            return None;
-        }
         let data = std::mem::take(&mut snapshot.data);
-        let usable = if self.cfg.has_bug(Bug::EmptySnapshot) && data.is_empty() {
-            true
-        } else {
-            cairn_kv::snapshot::decode_meta(&data)
-                .is_ok_and(|m| m.applied_index == snapshot.meta.index.0)
-        };
+        let index = snapshot.meta.index.0;
+        let usable = index >= self.store.executed_index()
+            && match received_image(&data) {
+                Some(path) => file_applied_index(&path).is_ok_and(|i| i == index),
+                None if self.cfg.has_bug(Bug::EmptySnapshot) && data.is_empty() => true,
+                None => {
+                    cairn_kv::snapshot::decode_meta(&data).is_ok_and(|m| m.applied_index == index)
+                }
+            };
         if !usable {
+            remove_received(&data);
             return None;
         }
+        self.drop_incoming_image();
         self.incoming_image = Some((snapshot.meta.clone(), data));
         Some(msg)
+    }
+
+    /// Lets go of a received image the core did not install, removing its file.
+    pub(super) fn drop_incoming_image(&mut self) {
+        if let Some((_, data)) = self.incoming_image.take() {
+            remove_received(&data);
+        }
     }
 
     /// Replaces the store with the image that came with `meta`, durably, then records the
     /// install in the log and makes that durable too.
     pub(super) fn install_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
         let missing = || StorageError::SnapshotMissing { index: meta.index };
-        let image = match self.incoming_image.take() {
-            Some((m, data)) if m == *meta => data,
-            _ => return Err(missing()),
+        let (image, file) = match self.incoming_image.take() {
+            Some((m, data)) if m == *meta => match received_image(&data) {
+                // Whole in memory for the install's decode (see the module comment).
+                Some(path) => {
+                    (Bytes::from(std::fs::read(&path).map_err(|_| missing())?), Some(path))
+                }
+                None => (data, None),
+            },
+            Some((_, data)) => {
+                remove_received(&data);
+                return Err(missing());
+            }
+            None => return Err(missing()),
         };
         let image = if image.is_empty() && self.cfg.has_bug(Bug::EmptySnapshot) {
             cairn_kv::snapshot::empty_image(meta.index.0)
@@ -127,6 +164,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
+        if let Some(path) = file {
+            // Installed and recorded: the file is of no more use (a crash before this leaves it
+            // to the transport's start, which removes it).
+            let _ = std::fs::remove_file(path);
+        }
         tracing::info!(
             index = meta.index.0,
             term = meta.term.0,
@@ -195,5 +237,21 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// compaction point, which the WAL records too.
     pub fn compacted_index(&self) -> LogIndex {
         self.raft.snapshot_meta().index
+    }
+}
+
+/// The applied index a received image's file holds, from its first bytes.
+fn file_applied_index(path: &Path) -> std::io::Result<u64> {
+    let mut prefix = [0u8; 20];
+    std::fs::File::open(path)?.read_exact(&mut prefix)?;
+    cairn_kv::snapshot::peek_applied_index(&prefix).map_err(std::io::Error::other)
+}
+
+/// Removes the file a received message's data names, if it names one.
+fn remove_received(data: &[u8]) {
+    if let Some(path) = received_image(data) {
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), "cannot remove a received snapshot: {e}");
+        }
     }
 }
