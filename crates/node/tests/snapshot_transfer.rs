@@ -166,3 +166,52 @@ async fn writes_are_acknowledged_while_a_paced_snapshot_streams() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The partial file the member is receiving into, once it holds at least `bytes`.
+async fn partial_file(m: &Member, bytes: u64) -> PathBuf {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let part = files_in(&snap_dir(m)).into_iter().find(|p| {
+            p.extension().is_some_and(|e| e == "part")
+                && std::fs::metadata(p).is_ok_and(|md| md.len() >= bytes)
+        });
+        if let Some(p) = part {
+            return p;
+        }
+        assert!(Instant::now() < deadline, "no partial snapshot file appeared");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_stopped_while_receiving_or_before_removing_an_image_restarts_clean() {
+    let mut ms = configs("crash", 512 << 10);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let behind = (l + 1) % 3;
+    let before = {
+        fill_while_away(&mut ms, behind, l).await;
+        eng(&ms[l]).status().revision
+    };
+    // Stopped halfway through receiving: the partial file stays, the old state is intact.
+    start(&mut ms[behind]);
+    let part = partial_file(&ms[behind], 256 << 10).await;
+    stop(&mut ms[behind]);
+    assert!(part.exists(), "the partial image is kept to resume from");
+    // A complete image left by a crash before (or after) its install is no one's any more.
+    let left = snap_dir(&ms[behind]).join("1-2-3-4.snap");
+    std::fs::write(&left, b"an image whose message is forgotten").expect("plant a file");
+    start(&mut ms[behind]);
+    assert!(!left.exists(), "a complete image left by a crash is removed at start");
+    assert!(eng(&ms[behind]).status().revision < before, "nothing was installed halfway");
+    caught_up(&ms, behind, l, Duration::from_secs(20)).await;
+    let rev = eng(&ms[l]).status().revision;
+    let hash = |m: &Member| eng(m).hash_kv(rev).expect("a hash").hash;
+    assert_eq!(hash(&ms[behind]), hash(&ms[l]), "the restarted member holds the leader's state");
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !files_in(&snap_dir(&ms[behind])).is_empty() {
+        let left = files_in(&snap_dir(&ms[behind]));
+        assert!(Instant::now() < deadline, "received files stay: {left:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
