@@ -216,3 +216,33 @@ fn a_paced_transfer_keeps_to_its_rate_while_messages_flow_beside_it() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A peer cannot make this member install (and then remove) a file of its choosing: a snapshot
+/// message whose data is a local handle closes the connection it came on, unseen.
+#[test]
+fn a_snapshot_naming_a_local_file_is_refused_on_any_stream() {
+    use cairn_transport::codec::{encode_batch, encode_hello, Hello, StreamKind, HELLO_LEN};
+    let ((lb, ab), (_, nobody)) = (listener(), listener());
+    let (_tb, rb) = start(config(B, lb, A, nobody));
+    let planted =
+        std::env::temp_dir().join(format!("cairn-snapstream-victim-{}", std::process::id()));
+    std::fs::write(&planted, b"not an image").expect("a file");
+    let mut handle = b"CAIRNIF1".to_vec();
+    handle.extend_from_slice(planted.to_str().expect("utf-8").as_bytes());
+    for kind in [StreamKind::Messages, StreamKind::Snapshot] {
+        let mut conn = TcpStream::connect(ab).expect("connect");
+        let mut buf = Vec::new();
+        encode_hello(&Hello { cluster_id: 7, from: A, to: B, kind }, &mut buf);
+        assert_eq!(buf.len(), HELLO_LEN);
+        encode_batch(&[snapshot_msg(Bytes::from(handle.clone()))], &mut buf);
+        conn.write_all(&buf).expect("write");
+        conn.set_read_timeout(Some(Duration::from_secs(5))).expect("timeout");
+        let mut rest = Vec::new();
+        let _ = conn.read_to_end(&mut rest);
+    }
+    while let Ok(e) = rb.recv_timeout(Duration::from_millis(300)) {
+        assert!(matches!(e, Event::Unreachable), "a handle from a peer got through: {e:?}");
+    }
+    assert!(planted.exists());
+    let _ = std::fs::remove_file(&planted);
+}
