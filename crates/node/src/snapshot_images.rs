@@ -6,13 +6,19 @@
 //! goes on executing writes while the transport reads the image from the thread, chunk by
 //! chunk, at the pace the connection and `--snapshot-send-rate` allow. The thread ends, and
 //! its read view closes, when the transport lets go of the image.
+//!
+//! It is also the replica's way to the files received images arrive in (the replica does no IO
+//! of its own but through such seams): their header, their bytes for the install, and their
+//! removal once installed or refused.
 
+use std::io::Read;
 use std::sync::mpsc;
 use std::sync::Arc;
 
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_kv::Store;
+use cairn_transport::images::received_image;
 use cairn_transport::{ImageSource, OutgoingImages};
 
 type Make = dyn Fn() -> Result<Bytes, String> + Send + Sync;
@@ -40,6 +46,32 @@ impl ImageMaker {
     /// The image of the store as it is now, registered; the handle to put in the message.
     pub(crate) fn make(&self) -> Result<Bytes, String> {
         (self.0)()
+    }
+
+    /// The applied index the file a received message's data names holds, from its first bytes;
+    /// `None` when the data names no file (it is the image itself).
+    pub(crate) fn received_index(&self, data: &[u8]) -> Option<std::io::Result<u64>> {
+        let path = received_image(data)?;
+        let read = || {
+            let mut prefix = [0u8; 20];
+            std::fs::File::open(&path)?.read_exact(&mut prefix)?;
+            cairn_kv::snapshot::peek_applied_index(&prefix).map_err(std::io::Error::other)
+        };
+        Some(read())
+    }
+
+    /// The whole image of the file a received message's data names; `None` when it names none.
+    pub(crate) fn read_received(&self, data: &[u8]) -> Option<std::io::Result<Bytes>> {
+        let path = received_image(data)?;
+        Some(std::fs::read(path).map(Bytes::from))
+    }
+
+    /// Removes the file a received message's data names, if it names one.
+    pub(crate) fn remove_received(&self, data: &[u8]) {
+        let Some(path) = received_image(data) else { return };
+        if let Err(e) = std::fs::remove_file(&path) {
+            tracing::warn!(path = %path.display(), "cannot remove a received snapshot: {e}");
+        }
     }
 }
 

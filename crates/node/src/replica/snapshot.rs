@@ -22,13 +22,9 @@
 //! entries it holds), and a crash after leaves the new state. The file goes last: one left by a
 //! crash is removed when the transport starts, as the core no longer knows its message.
 
-use std::io::Read;
-use std::path::Path;
-
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_raft::{LogIndex, Message, MessageBody, Snapshot, SnapshotMeta};
-use cairn_transport::images::received_image;
 
 use cairn_storage::fs::Dir;
 
@@ -108,16 +104,17 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let MessageBody::Snapshot { snapshot } = &mut msg.body else { return Some(msg) };
         let data = std::mem::take(&mut snapshot.data);
         let index = snapshot.meta.index.0;
+        let file = self.cfg.images.as_ref().and_then(|m| m.received_index(&data));
         let usable = index >= self.store.executed_index()
-            && match received_image(&data) {
-                Some(path) => file_applied_index(&path).is_ok_and(|i| i == index),
+            && match file {
+                Some(at) => at.is_ok_and(|i| i == index),
                 None if self.cfg.has_bug(Bug::EmptySnapshot) && data.is_empty() => true,
                 None => {
                     cairn_kv::snapshot::decode_meta(&data).is_ok_and(|m| m.applied_index == index)
                 }
             };
         if !usable {
-            remove_received(&data);
+            self.remove_received(&data);
             return None;
         }
         self.drop_incoming_image();
@@ -128,7 +125,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Lets go of a received image the core did not install, removing its file.
     pub(super) fn drop_incoming_image(&mut self) {
         if let Some((_, data)) = self.incoming_image.take() {
-            remove_received(&data);
+            self.remove_received(&data);
+        }
+    }
+
+    fn remove_received(&self, data: &[u8]) {
+        if let Some(m) = &self.cfg.images {
+            m.remove_received(data);
         }
     }
 
@@ -137,15 +140,15 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     pub(super) fn install_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
         let missing = || StorageError::SnapshotMissing { index: meta.index };
         let (image, file) = match self.incoming_image.take() {
-            Some((m, data)) if m == *meta => match received_image(&data) {
+            Some((m, data)) if m == *meta => {
                 // Whole in memory for the install's decode (see the module comment).
-                Some(path) => {
-                    (Bytes::from(std::fs::read(&path).map_err(|_| missing())?), Some(path))
+                match self.cfg.images.as_ref().and_then(|m| m.read_received(&data)) {
+                    Some(read) => (read.map_err(|_| missing())?, Some(data)),
+                    None => (data, None),
                 }
-                None => (data, None),
-            },
+            }
             Some((_, data)) => {
-                remove_received(&data);
+                self.remove_received(&data);
                 return Err(missing());
             }
             None => return Err(missing()),
@@ -164,10 +167,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
-        if let Some(path) = file {
+        if let Some(handle) = file {
             // Installed and recorded: the file is of no more use (a crash before this leaves it
             // to the transport's start, which removes it).
-            let _ = std::fs::remove_file(path);
+            self.remove_received(&handle);
         }
         tracing::info!(
             index = meta.index.0,
@@ -237,21 +240,5 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// compaction point, which the WAL records too.
     pub fn compacted_index(&self) -> LogIndex {
         self.raft.snapshot_meta().index
-    }
-}
-
-/// The applied index a received image's file holds, from its first bytes.
-fn file_applied_index(path: &Path) -> std::io::Result<u64> {
-    let mut prefix = [0u8; 20];
-    std::fs::File::open(path)?.read_exact(&mut prefix)?;
-    cairn_kv::snapshot::peek_applied_index(&prefix).map_err(std::io::Error::other)
-}
-
-/// Removes the file a received message's data names, if it names one.
-fn remove_received(data: &[u8]) {
-    if let Some(path) = received_image(data) {
-        if let Err(e) = std::fs::remove_file(&path) {
-            tracing::warn!(path = %path.display(), "cannot remove a received snapshot: {e}");
-        }
     }
 }
