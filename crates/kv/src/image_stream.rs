@@ -10,7 +10,12 @@
 //!
 //! Its length is known before the first byte, as a stream's consumer may need it up front
 //! (etcd's snapshot stream says how many bytes remain in every message): taking the stream reads
-//! the length of every record once.
+//! the length of every record once. A follower's snapshot does not need it (its end says how
+//! long it was), so [`crate::Store::image_stream_unmeasured`] skips that pass, which would
+//! otherwise read every record's length while the caller waits.
+//!
+//! A stream can start over ([`ImageStream::rewind`]) from the same read view: a transfer that
+//! broke resumes at the receiver's offset by encoding again up to there, and sends only the rest.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -27,15 +32,19 @@ pub struct ImageStream<V> {
     view: V,
     /// The records of `revs` that were not yet in the backend when the stream was taken.
     overlay: HashMap<RevisionId, Record>,
-    revs: std::vec::IntoIter<RevisionId>,
+    revs: Vec<RevisionId>,
+    /// The next record of `revs` to encode.
+    next_rev: usize,
     meta: ImageMeta,
-    /// The member and lease sections, until they are appended after the last record.
-    tail: Option<Vec<u8>>,
+    /// The member and lease sections, appended after the last record.
+    tail: Vec<u8>,
+    tail_done: bool,
     /// Encoded bytes not yet handed out.
     pending: Vec<u8>,
     /// crc32c of every byte encoded so far.
     crc: u32,
-    len: u64,
+    /// The whole length; `None` for a stream taken unmeasured.
+    len: Option<u64>,
     /// Bytes encoded so far.
     encoded: u64,
     finished: bool,
@@ -55,33 +64,52 @@ pub(crate) struct StreamParts<V> {
 impl<V: BackendView> ImageStream<V> {
     /// Measures the image and encodes its header.
     pub(crate) fn new(parts: StreamParts<V>) -> Result<ImageStream<V>, BackendError> {
-        let StreamParts { view, overlay, revs, meta, members, leases, auth } = parts;
-        let mut tail = Vec::new();
-        snapshot::put_tail(&mut tail, &members, &leases, &auth);
-        let mut len = (HEADER_LEN + tail.len() + CHECKSUM_LEN) as u64;
-        for rev in &revs {
-            let encoded_len = match overlay.get(rev) {
+        let mut stream = ImageStream::unmeasured(parts);
+        let mut len = (HEADER_LEN + stream.tail.len() + CHECKSUM_LEN) as u64;
+        for rev in &stream.revs {
+            let encoded_len = match stream.overlay.get(rev) {
                 Some(r) => r.encoded_len(),
-                None => view.encoded_len(*rev)?.ok_or(BackendError::MissingRecord(*rev))?,
+                None => stream.view.encoded_len(*rev)?.ok_or(BackendError::MissingRecord(*rev))?,
             };
             len += snapshot::record_len(encoded_len) as u64;
         }
-        let mut pending = Vec::with_capacity(HEADER_LEN);
-        snapshot::put_header(&mut pending, meta, revs.len() as u64);
-        let crc = crc32c::crc32c(&pending);
-        let encoded = pending.len() as u64;
-        Ok(ImageStream {
+        stream.len = Some(len);
+        Ok(stream)
+    }
+
+    /// Encodes the header, without measuring the image.
+    pub(crate) fn unmeasured(parts: StreamParts<V>) -> ImageStream<V> {
+        let StreamParts { view, overlay, revs, meta, members, leases, auth } = parts;
+        let mut tail = Vec::new();
+        snapshot::put_tail(&mut tail, &members, &leases, &auth);
+        let mut stream = ImageStream {
             view,
             overlay,
-            revs: revs.into_iter(),
+            revs,
+            next_rev: 0,
             meta,
-            tail: Some(tail),
-            pending,
-            crc,
-            len,
-            encoded,
+            tail,
+            tail_done: false,
+            pending: Vec::new(),
+            crc: 0,
+            len: None,
+            encoded: 0,
             finished: false,
-        })
+        };
+        stream.rewind();
+        stream
+    }
+
+    /// Starts over at the first byte, from the same read view: the bytes handed out next are
+    /// the image's from its beginning again.
+    pub fn rewind(&mut self) {
+        self.pending.clear();
+        snapshot::put_header(&mut self.pending, self.meta, self.revs.len() as u64);
+        self.crc = crc32c::crc32c(&self.pending);
+        self.encoded = self.pending.len() as u64;
+        self.next_rev = 0;
+        self.tail_done = false;
+        self.finished = false;
     }
 
     /// The header of the image.
@@ -89,9 +117,10 @@ impl<V: BackendView> ImageStream<V> {
         self.meta
     }
 
-    /// The image's whole length in bytes.
+    /// The image's whole length in bytes; for a stream taken unmeasured, known only once
+    /// every byte was handed out (0 until then).
     pub fn len(&self) -> u64 {
-        self.len
+        self.len.unwrap_or(if self.finished { self.encoded } else { 0 })
     }
 
     /// Whether the image is empty: never, an image has at least a header and a checksum.
@@ -116,18 +145,23 @@ impl<V: BackendView> ImageStream<V> {
     /// Encodes the next record, or the sections after the last one, or the checksum.
     fn encode_more(&mut self) -> Result<(), BackendError> {
         let start = self.pending.len();
-        if let Some(rev) = self.revs.next() {
-            let record = match self.overlay.remove(&rev) {
-                Some(r) => r,
-                None => self.view.get(rev)?.ok_or(BackendError::MissingRecord(rev))?,
-            };
-            snapshot::put_record(&mut self.pending, rev, &record);
-        } else if let Some(tail) = self.tail.take() {
-            self.pending.extend_from_slice(&tail);
+        if let Some(&rev) = self.revs.get(self.next_rev) {
+            self.next_rev += 1;
+            // Overlay records stay: a rewound stream encodes them again.
+            match self.overlay.get(&rev) {
+                Some(r) => snapshot::put_record(&mut self.pending, rev, r),
+                None => {
+                    let r = self.view.get(rev)?.ok_or(BackendError::MissingRecord(rev))?;
+                    snapshot::put_record(&mut self.pending, rev, &r);
+                }
+            }
+        } else if !self.tail_done {
+            self.tail_done = true;
+            self.pending.extend_from_slice(&self.tail);
         } else {
             self.finished = true;
             let total = self.encoded + CHECKSUM_LEN as u64;
-            if total != self.len {
+            if self.len.is_some_and(|len| len != total) {
                 // The view is fixed, so only a backend that changed under it gets here.
                 return Err(BackendError::Corrupt("a record's length changed while streaming"));
             }

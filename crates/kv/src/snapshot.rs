@@ -347,6 +347,21 @@ pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
     parse(image, &mut |_, _| {}).map(|(meta, ..)| meta)
 }
 
+/// The applied index in an image's first bytes (at least 20), after checking its magic and
+/// version: enough to tell which snapshot a file holds without reading it whole. Only
+/// [`decode`] verifies the image.
+pub fn peek_applied_index(prefix: &[u8]) -> Result<u64, ImageError> {
+    let mut head = Cursor(prefix);
+    if head.array::<8>()? != MAGIC {
+        return Err(ImageError::WrongMagic);
+    }
+    let version = head.u32()?;
+    if ![VERSION, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
+        return Err(ImageError::UnknownVersion(version));
+    }
+    head.u64()
+}
+
 /// What `cairn snapshot status` shows of an image.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ImageSummary {

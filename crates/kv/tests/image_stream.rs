@@ -101,4 +101,37 @@ proptest! {
         });
         prop_assert_eq!(streamed, expected);
     }
+
+    /// A stream taken unmeasured, stopped anywhere and rewound, gives the whole image's bytes
+    /// from the first one again (a broken transfer resumes by encoding up to the receiver's
+    /// offset), writes in between notwithstanding, and knows its length at the end.
+    #[test]
+    fn a_rewound_unmeasured_stream_is_the_image_again(
+        steps in prop::collection::vec(step(), 0..60),
+        during in prop::collection::vec(step(), 0..20),
+        chunk in 1usize..300,
+        stop_after in 0usize..20,
+    ) {
+        let mut d = Driven::new();
+        for s in &steps {
+            apply(&mut d, s);
+        }
+        let whole = d.store.image().expect("an image");
+        let mut stream = d.store.image_stream_unmeasured().expect("a stream");
+        for _ in 0..stop_after {
+            if stream.next_chunk(chunk).expect("a piece").is_none() {
+                break;
+            }
+        }
+        for s in &during {
+            apply(&mut d, s);
+        }
+        stream.rewind();
+        let mut out = Vec::new();
+        while let Some(piece) = stream.next_chunk(chunk).expect("a piece") {
+            out.extend_from_slice(&piece);
+        }
+        prop_assert_eq!(stream.len(), whole.len() as u64);
+        prop_assert_eq!(Bytes::from(out), whole);
+    }
 }

@@ -67,6 +67,12 @@ pub struct EngineConfig {
     pub auth_token_ttl: Duration,
     /// Learners the cluster may hold at once (etcd's `--max-learners`). Default 1.
     pub max_learners: usize,
+    /// Bytes a second one snapshot transfer to a follower sends at most
+    /// (`--snapshot-send-rate`). Default 0: unlimited, as etcd, which has no such limit. A
+    /// transfer runs on its own connection and task, so it never holds up the leader's
+    /// appends and heartbeats; a limit is for a link shared with other traffic, and one too
+    /// low makes a large store's transfer outlast the log it must catch up from.
+    pub snapshot_send_rate: u64,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -106,6 +112,7 @@ impl EngineConfig {
             bcrypt_cost: 10,
             auth_token_ttl: Duration::from_secs(300),
             max_learners: 1,
+            snapshot_send_rate: 0,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -177,6 +184,9 @@ pub struct ReplicaConfig {
     pub founding_peers: Vec<(u64, Vec<String>)>,
     /// Learners the cluster may hold at once (etcd's `--max-learners`).
     pub max_learners: usize,
+    /// Makes the images of snapshots sent to followers streamable, off the replica's thread;
+    /// `None` (the simulator) puts the image itself in the message.
+    pub images: Option<crate::snapshot_images::ImageMaker>,
     /// A deliberate bug, for fault tests that must prove they catch it.
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<ReplicaBug>,
@@ -197,6 +207,7 @@ impl ReplicaConfig {
             metrics: None,
             founding_peers: Vec::new(),
             max_learners: 1,
+            images: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }

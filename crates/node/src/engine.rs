@@ -123,7 +123,28 @@ fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
     }
 }
 
-fn replica_config(cfg: &EngineConfig, id: u64, metrics: Arc<EngineMetrics>) -> ReplicaConfig {
+/// The peer transport of a member of a cluster, receiving snapshots into `member/snap`.
+fn start_peers(
+    cfg: &EngineConfig,
+    member: &Path,
+    tx: mpsc::Sender<Input>,
+    metrics: &EngineMetrics,
+    images: Arc<cairn_transport::OutgoingImages>,
+) -> Result<Option<cairn_transport::Transport>, EngineError> {
+    let Some(c) = &cfg.cluster else { return Ok(None) };
+    let send_rate = cfg.snapshot_send_rate;
+    let snap = crate::peers::Snapshots { dir: member.join("snap"), images, send_rate };
+    Ok(Some(crate::peers::start(c, tx, metrics.peers.clone(), snap)?))
+}
+
+type Images<'a> = (&'a Arc<Store<LmdbBackend>>, &'a Arc<cairn_transport::OutgoingImages>);
+
+fn replica_config(
+    cfg: &EngineConfig,
+    id: u64,
+    metrics: Arc<EngineMetrics>,
+    (store, images): Images<'_>,
+) -> ReplicaConfig {
     let mut raft = cairn_raft::Config::new(NodeId(id));
     raft.election_timeout_ticks = cfg.election_ticks;
     raft.heartbeat_interval_ticks = cfg.heartbeat_ticks;
@@ -144,6 +165,9 @@ fn replica_config(cfg: &EngineConfig, id: u64, metrics: Arc<EngineMetrics>) -> R
     rc.lease_revoke_rate = cfg.lease_revoke_rate;
     rc.metrics = Some(metrics);
     rc.max_learners = cfg.max_learners;
+    if cfg.cluster.is_some() {
+        rc.images = Some(crate::ImageMaker::new(store.clone(), images.clone()));
+    }
     if let Some(c) = &cfg.cluster {
         rc.founding_peers = c.members.iter().map(|m| (m.id, m.peer_urls.clone())).collect();
     }
@@ -182,8 +206,9 @@ impl Engine {
         let wal_opts = WalOptions { segment_bytes: cfg.wal_segment_bytes };
         let stored_index = store.applied_index();
         let metrics = Arc::new(EngineMetrics::default());
+        let images = Arc::new(cairn_transport::OutgoingImages::default());
         let replica: EngineReplica = Replica::open_with(
-            replica_config(&cfg, id, metrics.clone()),
+            replica_config(&cfg, id, metrics.clone(), (&store, &images)),
             crate::metrics::TimedDir::new(wal_dir, metrics.clone()),
             wal_opts,
             store.clone(),
@@ -203,10 +228,7 @@ impl Engine {
             reports.send(Input::Committer(r)).is_ok()
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
-        let transport = match &cfg.cluster {
-            Some(c) => Some(crate::peers::start(c, tx.clone(), metrics.peers.clone())?),
-            None => None,
-        };
+        let transport = start_peers(&cfg, &member, tx.clone(), &metrics, images)?;
         let mut driver = Driver::new(
             replica,
             committer,

@@ -60,6 +60,7 @@ mod replica;
 mod request;
 pub mod restore;
 mod shared;
+mod snapshot_images;
 mod waiters;
 mod watch;
 
@@ -83,4 +84,5 @@ pub use replica::{AppliedEntry, Bootstrap, MemberChange, Observed, Replica, Repl
 #[doc(hidden)]
 pub use request::{prepare, Limits};
 pub use shared::Status;
+pub use snapshot_images::ImageMaker;
 pub use watch::{LeadershipWatch, Watch, WatchStream};

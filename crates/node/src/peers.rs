@@ -40,14 +40,24 @@ impl Sink for DriverSink {
     }
 }
 
+/// Where snapshots are received, and how this member's are sent.
+pub(crate) struct Snapshots {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) images: Arc<cairn_transport::OutgoingImages>,
+    pub(crate) send_rate: u64,
+}
+
 /// Binds the peer listeners and starts dialing every other member.
 pub(crate) fn start(
     cluster: &ClusterConfig,
     tx: mpsc::Sender<Input>,
     traffic: Arc<cairn_transport::PeerTraffic>,
+    snap: Snapshots,
 ) -> Result<Transport, EngineError> {
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
+    (cfg.snapshot_dir, cfg.images) = (Some(snap.dir), Some(snap.images));
+    cfg.snapshot_send_rate = snap.send_rate;
     let (server_tls, client_tls) = peer_tls(cluster).map_err(open)?;
     cfg.traffic = traffic;
     for url in &cluster.listen_peer_urls {

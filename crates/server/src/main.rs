@@ -127,6 +127,11 @@ struct ServeArgs {
     /// Learners the cluster may hold at once (etcd's flag and default).
     #[arg(long, default_value_t = 1)]
     max_learners: usize,
+    /// Bytes a second one snapshot transfer to a follower sends at most (0: unlimited, as
+    /// etcd). Transfers run beside the leader's appends, never in their way; limit them on a
+    /// link shared with other traffic.
+    #[arg(long, default_value_t = 0)]
+    snapshot_send_rate: u64,
     /// Most client connections open at once (0: no cap of its own). Never more than the
     /// open-file limit allows once descriptors are kept for the WAL, database and peers; past
     /// the cap, new connections are closed at once. etcd has no such flag.
@@ -253,6 +258,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.lease_revoke_rate = a.lease_revoke_rate;
     let auth_token = auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
+    engine.snapshot_send_rate = a.snapshot_send_rate;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }

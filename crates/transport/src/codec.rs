@@ -3,8 +3,8 @@
 //!
 //! A connection opens with a Hello of [`HELLO_LEN`] bytes, fixed width and little-endian, so the
 //! acceptor can read it in one exact read before it trusts anything:
-//! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot) | cluster_id u64 | from u64 |
-//! to u64`. Later versions must keep magic and version first, so that this one can name them.
+//! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot in one frame, 2 snapshot
+//! in chunks) | cluster_id u64 | from u64 | to u64`. Later versions must keep magic and version first, so that this one can name them.
 //!
 //! Everything after it travels in frames: `len u32 | crc32c(payload) u32 | payload`, both
 //! little-endian. A reader checks `len` against its limit before it allocates, and the checksum
@@ -29,6 +29,11 @@
 //!   1 add learner, 2 remove; or `2 | ` the same `| context bytes` when the change carries a
 //!   context.
 //! - reply payload: `0` (ok) or `1 | reason bytes` (UTF-8, at most [`MAX_REASON_LEN`] bytes).
+//! - snapshot stream payload ([`SnapFrame`]), by tag: 1 Offer `image_id | message` (a snapshot
+//!   message whose data is empty); 2 Resume `offset`; 3 Chunk `offset | data bytes`;
+//!   4 Done `len | crc u32 as varint`. The sender offers, the receiver answers with the offset
+//!   it already holds of that image, the sender sends chunks from there and then Done, and the
+//!   receiver ends with a reply frame.
 //!
 //! Decoding is strict and structural: unknown tags, flags other than 0 or 1, varints over 64
 //! bits, unordered id sets and trailing bytes are errors, so a peer speaking a changed format
@@ -61,7 +66,24 @@ pub const MAX_REASON_LEN: usize = 1024;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StreamKind {
     Messages,
+    /// One snapshot in one frame (what cairn sent before snapshots were streamed; still
+    /// accepted).
     Snapshot,
+    /// One snapshot in chunks, resumable ([`SnapFrame`]).
+    SnapshotStream,
+}
+
+/// One frame of a chunked snapshot stream.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SnapFrame {
+    /// From the sender: the snapshot message (its data empty) and its image's identity.
+    Offer { image_id: u64, msg: Message },
+    /// From the receiver: send from this offset (what it already holds of that image).
+    Resume { offset: u64 },
+    /// From the sender: image bytes starting at `offset`.
+    Chunk { offset: u64, data: Bytes },
+    /// From the sender: the image ended; its length and crc32c of all its bytes.
+    Done { len: u64, crc: u32 },
 }
 
 /// The first thing a connecting member sends.
@@ -170,6 +192,7 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) {
     out.push(match h.kind {
         StreamKind::Messages => 0,
         StreamKind::Snapshot => 1,
+        StreamKind::SnapshotStream => 2,
     });
     out.extend_from_slice(&h.cluster_id.to_le_bytes());
     out.extend_from_slice(&h.from.0.to_le_bytes());
@@ -189,6 +212,7 @@ pub fn decode_hello(buf: &[u8; HELLO_LEN]) -> Result<Hello, DecodeError> {
     let kind = match buf[10] {
         0 => StreamKind::Messages,
         1 => StreamKind::Snapshot,
+        2 => StreamKind::SnapshotStream,
         tag => return Err(DecodeError::UnknownTag { what: "stream kind", tag }),
     };
     let u64_at = |at: usize| {
@@ -273,6 +297,55 @@ pub fn decode_reply(payload: Bytes, crc: u32) -> Result<Result<(), String>, Deco
     };
     r.finish()?;
     Ok(reply)
+}
+
+const SNAP_OFFER: u8 = 1;
+const SNAP_RESUME: u8 = 2;
+const SNAP_CHUNK: u8 = 3;
+const SNAP_DONE: u8 = 4;
+
+/// Appends one frame of a snapshot stream.
+pub fn encode_snap_frame(f: &SnapFrame, out: &mut Vec<u8>) {
+    frame(out, |out| match f {
+        SnapFrame::Offer { image_id, msg } => {
+            out.push(SNAP_OFFER);
+            put_varint(out, *image_id);
+            put_message(out, msg);
+        }
+        SnapFrame::Resume { offset } => {
+            out.push(SNAP_RESUME);
+            put_varint(out, *offset);
+        }
+        SnapFrame::Chunk { offset, data } => {
+            out.push(SNAP_CHUNK);
+            put_varint(out, *offset);
+            put_bytes(out, data);
+        }
+        SnapFrame::Done { len, crc } => {
+            out.push(SNAP_DONE);
+            put_varints(out, &[*len, u64::from(*crc)]);
+        }
+    });
+}
+
+/// Checks a snapshot stream payload against the crc and decodes it; a chunk's data is a
+/// zero-copy slice of `payload`.
+pub fn decode_snap_frame(payload: Bytes, crc: u32) -> Result<SnapFrame, DecodeError> {
+    check_crc(&payload, crc)?;
+    let mut r = Reader { buf: payload, pos: 0 };
+    let f = match r.u8()? {
+        SNAP_OFFER => SnapFrame::Offer { image_id: r.varint()?, msg: r.message()? },
+        SNAP_RESUME => SnapFrame::Resume { offset: r.varint()? },
+        SNAP_CHUNK => SnapFrame::Chunk { offset: r.varint()?, data: r.bytes()? },
+        SNAP_DONE => {
+            let len = r.varint()?;
+            let crc = u32::try_from(r.varint()?).map_err(|_| DecodeError::VarintOverflow)?;
+            SnapFrame::Done { len, crc }
+        }
+        tag => return Err(DecodeError::UnknownTag { what: "snapshot stream frame", tag }),
+    };
+    r.finish()?;
+    Ok(f)
 }
 
 fn check_crc(payload: &[u8], expected: u32) -> Result<(), DecodeError> {

@@ -6,13 +6,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_raft::{MessageBody, NodeId};
+use cairn_raft::{Message, MessageBody, NodeId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::timeout;
 
-use crate::codec::{self, DecodeError, Hello, StreamKind};
+use crate::codec::{self, DecodeError, Hello, SnapFrame, StreamKind};
+use crate::images;
 use crate::outbound::hex;
+use crate::stream_in::{self, Inbox, ReceiveError, Reception};
 use crate::{ServerTls, Sink};
 
 /// A caller that has not introduced itself by then is dropped (it holds a socket); the TLS
@@ -29,6 +31,8 @@ pub(crate) struct Acceptor {
     pub(crate) max_snapshot_bytes: u32,
     pub(crate) sink: Arc<dyn Sink>,
     pub(crate) traffic: Arc<crate::PeerTraffic>,
+    /// Where chunked snapshots are written.
+    pub(crate) inbox: Arc<Inbox>,
 }
 
 /// Why an incoming peer connection ended early.
@@ -46,6 +50,11 @@ enum InboundError {
     },
     /// A snapshot connection carried something else.
     NotASnapshot,
+    /// A snapshot message whose data names a local file or image: only this member's own
+    /// transport makes those, never a peer.
+    Handle,
+    /// A chunked snapshot was refused (also told to the sender).
+    Stream(ReceiveError),
     /// The TLS handshake failed: no certificate, or one our CA did not sign.
     Tls(std::io::Error),
 }
@@ -64,6 +73,8 @@ impl fmt::Display for InboundError {
                 hex(*to)
             ),
             InboundError::NotASnapshot => f.write_str("a snapshot connection carried no snapshot"),
+            InboundError::Handle => f.write_str("a snapshot message carried a local handle"),
+            InboundError::Stream(e) => write!(f, "receiving a snapshot: {e}"),
             InboundError::Tls(e) => write!(f, "TLS handshake: {e}"),
         }
     }
@@ -146,6 +157,7 @@ impl Acceptor {
         match hello.kind {
             StreamKind::Messages => self.messages(conn, hello.from).await,
             StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
+            StreamKind::SnapshotStream => self.snapshot_stream(conn, hello.from).await,
         }
     }
 
@@ -183,9 +195,7 @@ impl Acceptor {
             };
             crate::PeerBytes::add(&received.received, bytes);
             for msg in payload? {
-                if msg.from != from || msg.to != self.local {
-                    return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
-                }
+                check_message(&msg, from, self.local)?;
                 self.sink.message(msg);
             }
         }
@@ -206,12 +216,84 @@ impl Acceptor {
             (Some(m), true) if matches!(m.body, MessageBody::Snapshot { .. }) => m,
             _ => return Err(InboundError::NotASnapshot),
         };
-        if msg.from != from || msg.to != self.local {
-            return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
+        check_message(&msg, from, self.local)?;
+        self.sink.message(msg);
+        reply(&mut conn, Ok(())).await?;
+        Ok(())
+    }
+
+    /// Receives one chunked snapshot ([`codec::SnapFrame`]): answers the offer with the offset
+    /// already held of that image, writes the chunks, verifies the whole, hands the message
+    /// over with its image and says so.
+    async fn snapshot_stream<S: AsyncRead + AsyncWrite + Unpin>(
+        &self,
+        mut conn: S,
+        from: NodeId,
+    ) -> Result<(), InboundError> {
+        let stream = |e| InboundError::Stream(e);
+        let (image_id, mut msg) = match stream_in::read_frame(&mut conn).await.map_err(stream)? {
+            Some(SnapFrame::Offer { image_id, msg }) => (image_id, msg),
+            None => return Ok(()),
+            Some(_) => return Err(InboundError::NotASnapshot),
+        };
+        if !matches!(&msg.body, MessageBody::Snapshot { snapshot } if snapshot.data.is_empty()) {
+            return Err(InboundError::NotASnapshot);
+        }
+        check_message(&msg, from, self.local)?;
+        let max = u64::from(self.max_snapshot_bytes);
+        let mut rx = match Reception::open(&self.inbox, from, &msg, image_id, max).await {
+            Ok(r) => r,
+            Err(e) => return refuse(&mut conn, e).await,
+        };
+        let mut buf = Vec::new();
+        codec::encode_snap_frame(&SnapFrame::Resume { offset: rx.len }, &mut buf);
+        conn.write_all(&buf).await?;
+        conn.flush().await?;
+        let received = self.traffic.peer(from);
+        let data = loop {
+            let got = match stream_in::read_frame(&mut conn).await.map_err(stream)? {
+                Some(SnapFrame::Chunk { offset, data }) => {
+                    crate::PeerBytes::add(&received.received, data.len());
+                    rx.write(offset, data).await
+                }
+                Some(SnapFrame::Done { len, crc }) => break rx.finish(len, crc).await,
+                // The sender hung up halfway: the partial file waits for it to resume.
+                None => return Ok(()),
+                Some(_) => Err(ReceiveError::Protocol("an offer in the middle of a stream".into())),
+            };
+            if let Err(e) = got {
+                return refuse(&mut conn, e).await;
+            }
+        };
+        let data = match data {
+            Ok(d) => d,
+            Err(e) => return refuse(&mut conn, e).await,
+        };
+        if let MessageBody::Snapshot { snapshot } = &mut msg.body {
+            snapshot.data = data;
         }
         self.sink.message(msg);
         reply(&mut conn, Ok(())).await?;
         Ok(())
+    }
+}
+
+/// Tells the sender why its snapshot was refused, and ends the connection for it.
+async fn refuse<S: AsyncWrite + Unpin>(conn: &mut S, e: ReceiveError) -> Result<(), InboundError> {
+    let _ = reply(conn, Err(&e.to_string())).await;
+    Err(InboundError::Stream(e))
+}
+
+/// A message must come from the caller, be meant for us, and carry no local handle.
+fn check_message(msg: &Message, from: NodeId, local: NodeId) -> Result<(), InboundError> {
+    if msg.from != from || msg.to != local {
+        return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
+    }
+    match &msg.body {
+        MessageBody::Snapshot { snapshot } if images::is_handle(&snapshot.data) => {
+            Err(InboundError::Handle)
+        }
+        _ => Ok(()),
     }
 }
 

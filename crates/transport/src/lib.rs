@@ -26,8 +26,11 @@
 //! engine is embedded in a program with or without a runtime.
 
 pub mod codec;
+pub mod images;
 mod inbound;
 mod outbound;
+mod stream_in;
+mod stream_out;
 pub mod tls;
 pub mod url;
 
@@ -39,6 +42,8 @@ use cairn_raft::{Message, MessageBody, NodeId};
 pub use rustls_pki_types::ServerName;
 use tokio::runtime::Runtime;
 
+pub use images::{ImageSource, OutgoingImages};
+pub use stream_out::SnapshotStats;
 pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles};
 
 /// Where the transport hands what arrives and what happened. Called from the transport's
@@ -96,10 +101,21 @@ pub struct TransportConfig {
     pub queue_len: usize,
     /// Largest frame of Raft messages accepted from a peer.
     pub max_frame_bytes: u32,
-    /// Largest snapshot frame accepted from a peer.
+    /// Largest snapshot accepted from a peer in one frame, or in memory when there is no
+    /// snapshot directory.
     pub max_snapshot_bytes: u32,
     /// Where bytes to and from each peer are counted.
     pub traffic: Arc<PeerTraffic>,
+    /// Where snapshots from peers are received, in files ([`images::received_image`]);
+    /// `None` receives them in memory.
+    pub snapshot_dir: Option<std::path::PathBuf>,
+    /// Where the images of this member's snapshot messages are registered.
+    pub images: Option<Arc<OutgoingImages>>,
+    /// Bytes a second one snapshot transfer sends at most (`--snapshot-send-rate`); 0: as fast
+    /// as the connection takes them.
+    pub snapshot_send_rate: u64,
+    /// Where snapshot transfers from this member are counted.
+    pub snapshot_stats: Arc<SnapshotStats>,
 }
 
 /// Bytes sent to and received from each peer, as frames are written and read (etcd's
@@ -150,6 +166,10 @@ impl TransportConfig {
             max_frame_bytes: 64 << 20,
             max_snapshot_bytes: u32::MAX,
             traffic: Arc::default(),
+            snapshot_dir: None,
+            images: None,
+            snapshot_send_rate: 0,
+            snapshot_stats: Arc::default(),
         }
     }
 }
@@ -189,6 +209,7 @@ impl Transport {
             max_snapshot_bytes: cfg.max_snapshot_bytes,
             sink: sink.clone(),
             traffic: cfg.traffic.clone(),
+            inbox: Arc::new(stream_in::Inbox::new(cfg.snapshot_dir.clone())?),
         };
         let _guard = runtime.enter();
         let accept = Arc::new(accept);
@@ -208,7 +229,10 @@ impl Transport {
             let peer = outbound::Peer::spawn(&runtime, &link, *id, addrs.clone(), cfg.queue_len);
             peers.insert(*id, peer);
         }
-        let snapshots = outbound::Snapshots::new(link.clone(), cfg.peers.clone());
+        let mut snapshots = outbound::Snapshots::new(link.clone(), cfg.peers.clone());
+        snapshots.images = cfg.images.clone();
+        snapshots.rate = cfg.snapshot_send_rate;
+        snapshots.stats = cfg.snapshot_stats.clone();
         let queue_len = cfg.queue_len;
         let addrs =
             cfg.peers.into_iter().map(|(id, a)| (id, a.iter().map(|p| p.addr).collect())).collect();

@@ -1,5 +1,5 @@
 //! Dialing peers: one long-lived connection per peer for Raft messages, and one connection per
-//! snapshot.
+//! snapshot (streamed by `stream_out`).
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -16,12 +16,13 @@ use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 use crate::codec::{self, DecodeError, Hello, StreamKind};
+use crate::images::{InlineImage, OutgoingImages};
+use crate::stream_out::{self, Outgoing, SnapshotStats};
 use crate::{PeerAddr, Sink};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long a peer has to answer our hello, or to take a snapshot once it has all of it.
 const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
-const SNAPSHOT_REPLY_TIMEOUT: Duration = Duration::from_secs(60);
 const MIN_BACKOFF: Duration = Duration::from_millis(50);
 /// A dead peer is retried this often at most: within an election timeout of its return.
 const MAX_BACKOFF: Duration = Duration::from_millis(500);
@@ -301,31 +302,43 @@ pub(crate) async fn read_reply<S: AsyncRead + Unpin>(
     timeout(limit, read).await.map_err(|_| DialError::Timeout)?
 }
 
-/// Sends snapshots, each on a connection of its own, and reports how each ended.
+/// Sends snapshots, each on a connection of its own (and its own task, so a slow or paced
+/// transfer holds up nothing else), and reports how each ended.
 pub(crate) struct Snapshots {
     link: Link,
     pub(crate) addrs: BTreeMap<NodeId, Vec<PeerAddr>>,
+    /// Where the images of outgoing snapshot messages wait to be taken.
+    pub(crate) images: Option<Arc<OutgoingImages>>,
+    /// Bytes a second per transfer at most; 0: unpaced.
+    pub(crate) rate: u64,
+    pub(crate) stats: Arc<SnapshotStats>,
 }
 
 impl Snapshots {
     pub(crate) fn new(link: Link, addrs: BTreeMap<NodeId, Vec<PeerAddr>>) -> Snapshots {
-        Snapshots { link, addrs }
+        Snapshots { link, addrs, images: None, rate: 0, stats: Arc::default() }
     }
 
-    pub(crate) fn send(&self, rt: &Runtime, msg: Message) {
+    pub(crate) fn send(&self, rt: &Runtime, mut msg: Message) {
         let to = msg.to;
+        let MessageBody::Snapshot { snapshot } = &mut msg.body else { return };
+        let index = snapshot.meta.index.0;
+        let data = std::mem::take(&mut snapshot.data);
+        // Taken out of the registry whatever happens next, so an image is never left behind
+        // (holding its read view open) for a peer that went away.
+        let (image_id, source) = match self.images.as_ref().and_then(|i| i.take(&data)) {
+            Some(taken) => taken,
+            None => (crc32c::crc32c(&data).into(), Box::new(InlineImage::new(data)) as _),
+        };
         let Some(addrs) = self.addrs.get(&to).cloned() else { return };
-        let link = self.link.clone();
+        let (link, rate, stats) = (self.link.clone(), self.rate, self.stats.clone());
         rt.spawn(async move {
-            let (index, bytes) = match &msg.body {
-                MessageBody::Snapshot { snapshot } => (snapshot.meta.index.0, snapshot.data.len()),
-                _ => (0, 0),
-            };
             let started = std::time::Instant::now();
-            let delivered = match send_snapshot(&link, &addrs, msg).await {
+            let mut out = Outgoing::new(msg, image_id, source);
+            let delivered = match stream_out::send(&link, &addrs, &mut out, rate, &stats).await {
                 Ok(()) => {
                     let took = started.elapsed();
-                    tracing::info!(peer = %hex(to), index, bytes, ?took, "sent a snapshot");
+                    tracing::info!(peer = %hex(to), index, ?took, "sent a snapshot");
                     true
                 }
                 Err(e) => {
@@ -333,35 +346,11 @@ impl Snapshots {
                     false
                 }
             };
+            // The image (and the read view under it) is let go before the core hears.
+            drop(out);
             link.sink.snapshot_sent(to, delivered);
         });
     }
-}
-
-async fn send_snapshot(link: &Link, addrs: &[PeerAddr], msg: Message) -> Result<(), DialError> {
-    let mut buf = Vec::new();
-    let to = msg.to;
-    codec::encode_batch(std::slice::from_ref(&msg), &mut buf);
-    drop(msg);
-    let bytes = buf.len();
-    let delivered = match dial(link, to, addrs, StreamKind::Snapshot).await? {
-        Conn::Plain(c) => deliver_snapshot(c, buf).await,
-        Conn::Tls(c) => deliver_snapshot(*c, buf).await,
-    };
-    if delivered.is_ok() {
-        crate::PeerBytes::add(&link.traffic.peer(to).sent, bytes);
-    }
-    delivered
-}
-
-async fn deliver_snapshot<S: AsyncRead + AsyncWrite + Unpin>(
-    mut conn: S,
-    buf: Vec<u8>,
-) -> Result<(), DialError> {
-    conn.write_all(&buf).await?;
-    conn.flush().await?;
-    drop(buf);
-    read_reply(&mut conn, SNAPSHOT_REPLY_TIMEOUT).await?.map_err(DialError::Refused)
 }
 
 /// Member ids are shown in hex, as etcd shows them.

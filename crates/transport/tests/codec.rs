@@ -9,9 +9,9 @@ use cairn_raft::{
     LogIndex, Message, MessageBody, NodeId, ReadCtx, RejectHint, Snapshot, SnapshotMeta, Term,
 };
 use cairn_transport::codec::{
-    decode_batch, decode_hello, decode_reply, encode_batch, encode_hello, encode_reply,
-    parse_frame_header, DecodeError, Hello, StreamKind, FRAME_HEADER_LEN, HELLO_LEN, MAGIC,
-    MAX_REASON_LEN, VERSION,
+    decode_batch, decode_hello, decode_reply, decode_snap_frame, encode_batch, encode_hello,
+    encode_reply, encode_snap_frame, parse_frame_header, DecodeError, Hello, SnapFrame, StreamKind,
+    FRAME_HEADER_LEN, HELLO_LEN, MAGIC, MAX_REASON_LEN, VERSION,
 };
 use proptest::collection::{btree_set, vec};
 use proptest::prelude::*;
@@ -212,8 +212,12 @@ proptest! {
     }
 
     #[test]
-    fn hellos_round_trip(cluster_id in any::<u64>(), from in node(), to in node(), snap in any::<bool>()) {
-        let kind = if snap { StreamKind::Snapshot } else { StreamKind::Messages };
+    fn hellos_round_trip(cluster_id in any::<u64>(), from in node(), to in node(), snap in 0u8..3) {
+        let kind = match snap {
+            0 => StreamKind::Messages,
+            1 => StreamKind::Snapshot,
+            _ => StreamKind::SnapshotStream,
+        };
         let h = Hello { cluster_id, from, to, kind };
         let mut buf = vec![0xAA];
         encode_hello(&h, &mut buf);
@@ -390,8 +394,37 @@ fn strangers_and_other_versions_are_refused() {
     b[..16].copy_from_slice(b"GET / HTTP/1.1\r\n");
     assert_eq!(decode_hello(&b), Err(DecodeError::BadMagic));
     let mut b = hello_bytes();
-    b[10] = 2;
-    assert_eq!(decode_hello(&b), Err(DecodeError::UnknownTag { what: "stream kind", tag: 2 }));
+    b[10] = 3;
+    assert_eq!(decode_hello(&b), Err(DecodeError::UnknownTag { what: "stream kind", tag: 3 }));
+}
+
+fn snap_frame() -> impl Strategy<Value = SnapFrame> {
+    prop_oneof![
+        (num(), snapshot(false)).prop_map(|(image_id, mut snapshot)| {
+            snapshot.data = Bytes::new();
+            let msg = msg(MessageBody::Snapshot { snapshot });
+            SnapFrame::Offer { image_id, msg }
+        }),
+        num().prop_map(|offset| SnapFrame::Resume { offset }),
+        (num(), small_bytes()).prop_map(|(offset, data)| SnapFrame::Chunk { offset, data }),
+        (num(), any::<u32>()).prop_map(|(len, crc)| SnapFrame::Done { len, crc }),
+    ]
+}
+
+proptest! {
+    /// Snapshot stream frames round-trip, and any flipped bit fails their checksum.
+    #[test]
+    fn snapshot_stream_frames_round_trip(f in snap_frame(), bit in any::<prop::sample::Index>()) {
+        let mut buf = Vec::new();
+        encode_snap_frame(&f, &mut buf);
+        let (payload, crc) = split_frame(buf);
+        prop_assert_eq!(decode_snap_frame(payload.clone(), crc), Ok(f));
+        let mut bad = payload.to_vec();
+        let i = bit.index(bad.len() * 8);
+        bad[i / 8] ^= 1 << (i % 8);
+        let flipped = decode_snap_frame(Bytes::from(bad), crc);
+        prop_assert!(matches!(flipped, Err(DecodeError::ChecksumMismatch { .. })), "{:?}", flipped);
+    }
 }
 
 #[test]

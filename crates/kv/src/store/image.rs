@@ -77,6 +77,13 @@ impl<B: Backend> Store<B> {
         ImageStream::new(self.parts()?)
     }
 
+    /// [`Store::image_stream`] without measuring the image first: taking it costs only the
+    /// list of revisions and a read view, so a caller that must not wait (the replica, for a
+    /// follower's snapshot) takes it at once; [`ImageStream::len`] is known at the end.
+    pub fn image_stream_unmeasured(&self) -> Result<ImageStream<B::View<'_>>, BackendError> {
+        Ok(ImageStream::unmeasured(self.parts()?))
+    }
+
     /// What an image holds, taken together under the lock: its header, the records it keeps
     /// (read from the overlay or a view opened under the lock), members, leases and auth.
     fn parts(&self) -> Result<StreamParts<B::View<'_>>, BackendError> {

@@ -445,7 +445,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if self.maybe_publish() {
             self.handle_readies(early)?;
         }
-        self.incoming_image = None;
+        self.drop_incoming_image();
         self.outgoing_image = None;
         self.release_reads();
         // The engine's callers skip rounds while this member's own vote is a quorum.

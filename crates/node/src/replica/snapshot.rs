@@ -8,12 +8,19 @@
 //! committed state is a valid snapshot; the leader's progress for the follower accepts an
 //! acknowledgement at or above the index it asked for.
 //!
-//! A received image is kept aside and the core sees the message without it. When the core asks
-//! to install the snapshot, the store replaces its contents with the image atomically and
-//! durably first, and only then does the log record the install (`Wal::install_snapshot`): a
-//! crash before the store's commit leaves the old state, a crash between the two leaves a store
-//! ahead of its log, which replay handles (the store skips entries it holds), and a crash after
-//! leaves the new state.
+//! With peers (`ReplicaConfig::images`), the image never enters the message: the replica takes
+//! a read view of the store on a thread of its own (`crate::snapshot_images`) and the message
+//! carries a handle to it, which the transport streams in chunks; on the receiving member the
+//! message arrives with a handle to the file the chunks were written to, its checksum already
+//! verified. Without peers (the simulator, tests) the message carries the image itself.
+//!
+//! A received image (or its file) is kept aside and the core sees the message without it. When
+//! the core asks to install the snapshot, the store replaces its contents with the image
+//! atomically and durably first, and only then does the log record the install
+//! (`Wal::install_snapshot`): a crash before the store's commit leaves the old state, a crash
+//! between the two leaves a store ahead of its log, which replay handles (the store skips
+//! entries it holds), and a crash after leaves the new state. The file goes last: one left by a
+//! crash is removed when the transport starts, as the core no longer knows its message.
 
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
@@ -57,9 +64,16 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if index.0 != self.store.executed_index() {
             return Ok(None);
         }
-        let data = match &self.outgoing_image {
-            Some((at, data)) if *at == index => data.clone(),
-            _ => {
+        let data = match (&self.cfg.images, &self.outgoing_image) {
+            (Some(maker), _) => match maker.make() {
+                Ok(handle) => handle,
+                Err(e) => {
+                    tracing::warn!(index = index.0, "cannot read the store for a snapshot: {e}");
+                    return Ok(None);
+                }
+            },
+            (None, Some((at, data))) if *at == index => data.clone(),
+            (None, _) => {
                 let data = self.store.image()?;
                 self.outgoing_image = Some((index, data.clone()));
                 data
@@ -88,30 +102,56 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// to catch up, forever in an idle cluster (the simulator found a learner stuck so).
     pub(super) fn accept_snapshot_image(&mut self, mut msg: Message) -> Option<Message> {
         let MessageBody::Snapshot { snapshot } = &mut msg.body else { return Some(msg) };
-        if snapshot.meta.index.0 < self.store.executed_index() {
-            return None;
-        }
         let data = std::mem::take(&mut snapshot.data);
-        let usable = if self.cfg.has_bug(Bug::EmptySnapshot) && data.is_empty() {
-            true
-        } else {
-            cairn_kv::snapshot::decode_meta(&data)
-                .is_ok_and(|m| m.applied_index == snapshot.meta.index.0)
-        };
+        let index = snapshot.meta.index.0;
+        let file = self.cfg.images.as_ref().and_then(|m| m.received_index(&data));
+        let usable = index >= self.store.executed_index()
+            && match file {
+                Some(at) => at.is_ok_and(|i| i == index),
+                None if self.cfg.has_bug(Bug::EmptySnapshot) && data.is_empty() => true,
+                None => {
+                    cairn_kv::snapshot::decode_meta(&data).is_ok_and(|m| m.applied_index == index)
+                }
+            };
         if !usable {
+            self.remove_received(&data);
             return None;
         }
+        self.drop_incoming_image();
         self.incoming_image = Some((snapshot.meta.clone(), data));
         Some(msg)
+    }
+
+    /// Lets go of a received image the core did not install, removing its file.
+    pub(super) fn drop_incoming_image(&mut self) {
+        if let Some((_, data)) = self.incoming_image.take() {
+            self.remove_received(&data);
+        }
+    }
+
+    fn remove_received(&self, data: &[u8]) {
+        if let Some(m) = &self.cfg.images {
+            m.remove_received(data);
+        }
     }
 
     /// Replaces the store with the image that came with `meta`, durably, then records the
     /// install in the log and makes that durable too.
     pub(super) fn install_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
         let missing = || StorageError::SnapshotMissing { index: meta.index };
-        let image = match self.incoming_image.take() {
-            Some((m, data)) if m == *meta => data,
-            _ => return Err(missing()),
+        let (image, file) = match self.incoming_image.take() {
+            Some((m, data)) if m == *meta => {
+                // Whole in memory for the install's decode (see the module comment).
+                match self.cfg.images.as_ref().and_then(|m| m.read_received(&data)) {
+                    Some(read) => (read.map_err(|_| missing())?, Some(data)),
+                    None => (data, None),
+                }
+            }
+            Some((_, data)) => {
+                self.remove_received(&data);
+                return Err(missing());
+            }
+            None => return Err(missing()),
         };
         let image = if image.is_empty() && self.cfg.has_bug(Bug::EmptySnapshot) {
             cairn_kv::snapshot::empty_image(meta.index.0)
@@ -127,6 +167,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.wal.install_snapshot(meta)?;
         self.wal.sync()?;
+        if let Some(handle) = file {
+            // Installed and recorded: the file is of no more use (a crash before this leaves it
+            // to the transport's start, which removes it).
+            self.remove_received(&handle);
+        }
         tracing::info!(
             index = meta.index.0,
             term = meta.term.0,
