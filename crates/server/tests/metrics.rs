@@ -211,7 +211,11 @@ fn check_scrape(before: &HashMap<String, f64>, after: &HashMap<String, f64>, n: 
     let inf = "etcd_disk_wal_fsync_duration_seconds_bucket{le=\"+Inf\"}";
     assert_eq!(value(after, inf), value(after, "etcd_disk_wal_fsync_duration_seconds_count"));
     assert!(moved("etcd_disk_backend_commit_duration_seconds_count") >= 1.0, "backend commits");
-    assert!(value(after, "etcd_mvcc_db_total_size_in_bytes") > 0.0);
+    let total = value(after, "etcd_mvcc_db_total_size_in_bytes");
+    assert!(total > 0.0);
+    assert_eq!(value(after, "etcd_debugging_mvcc_db_total_size_in_bytes"), total);
+    let in_use = value(after, "etcd_mvcc_db_total_size_in_use_in_bytes");
+    assert!(in_use > 0.0 && in_use <= total, "{in_use} of {total}");
     assert_eq!(value(after, "etcd_debugging_mvcc_keys_total"), n);
     assert_eq!(moved(&handled("Put", "OK")), n);
     assert_eq!(moved(&handled("Put", "InvalidArgument")), 1.0);
