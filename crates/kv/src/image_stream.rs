@@ -50,14 +50,17 @@ pub(crate) struct StreamParts<V> {
     pub(crate) members: BTreeMap<u64, MemberAttributes>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
     pub(crate) auth: std::sync::Arc<crate::auth::AuthState>,
+    pub(crate) alarms: std::collections::BTreeSet<crate::types::AlarmMember>,
 }
 
 impl<V: BackendView> ImageStream<V> {
     /// Measures the image and encodes its header.
     pub(crate) fn new(parts: StreamParts<V>) -> Result<ImageStream<V>, BackendError> {
-        let StreamParts { view, overlay, revs, meta, members, leases, auth } = parts;
+        let StreamParts { view, overlay, revs, meta, members, leases, auth, alarms } = parts;
         let mut tail = Vec::new();
-        snapshot::put_tail(&mut tail, &members, &leases, &auth);
+        let sections =
+            snapshot::Tail { members: &members, leases: &leases, auth: &auth, alarms: &alarms };
+        snapshot::put_tail(&mut tail, sections);
         let mut len = (HEADER_LEN + tail.len() + CHECKSUM_LEN) as u64;
         for rev in &revs {
             let encoded_len = match overlay.get(rev) {

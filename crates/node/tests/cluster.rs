@@ -173,10 +173,18 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
     ms.iter_mut().for_each(start);
     let l = leader(&ms);
     let behind = (l + 1) % 3;
+    let behind_id = eng(&ms[behind]).identity().1;
     stop(&mut ms[behind]);
     let writer = (l + 2) % 3;
     for i in 0..200 {
         put_retrying(eng(&ms[writer]), &format!("k{i:03}"), &i.to_string()).await;
+    }
+    // An alarm raised while the member is away, then enough deletes (which NOSPACE lets
+    // through) that the log holding it is compacted: only the image can tell the member.
+    let alarm = AlarmMember { member: behind_id, alarm: AlarmType::NoSpace };
+    eng(&ms[writer]).alarm_activate(alarm).await.expect("raise NOSPACE");
+    for i in 0..100 {
+        eng(&ms[writer]).delete(format!("k{i:03}")).await.expect("delete");
     }
     // The leader compacted its log far past what the stopped member holds.
     start(&mut ms[behind]);
@@ -187,6 +195,10 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(get(eng(&ms[behind]), "k199").await, Some(Bytes::from("199")));
+    assert_eq!(get(eng(&ms[behind]), "k000").await, None);
+    assert!(eng(&ms[behind]).raised_alarms().contains(&alarm), "the image carried the alarm");
+    let refused = put(eng(&ms[behind]), "more", "x").await;
+    assert!(matches!(refused, Err(EngineError::NoSpace)), "{refused:?}");
     let count = |m: &Member, c: fn(&EngineMetrics) -> &std::sync::atomic::AtomicU64| {
         EngineMetrics::get(c(eng(m).metrics()))
     };
