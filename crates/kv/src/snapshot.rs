@@ -491,6 +491,19 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
     let members = parse_members(&mut cur)?;
     let leases =
         if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(&mut cur)? };
+    let (auth, alarms) = parse_auth_and_alarms(version, &mut cur)?;
+    if !cur.0.is_empty() {
+        return Err(ImageError::TrailingBytes);
+    }
+    Ok((meta, members, leases, auth, alarms))
+}
+
+/// The auth and alarm sections, as `version` has them: a new auth store before version 4, no
+/// word of alarms before version 5.
+fn parse_auth_and_alarms(
+    version: u32,
+    cur: &mut Cursor<'_>,
+) -> Result<(AuthState, Option<BTreeSet<AlarmMember>>), ImageError> {
     let auth = if version >= VERSION_NO_ALARMS {
         let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
         AuthState::decode(cur.take(len)?).map_err(|e| {
@@ -513,10 +526,7 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
     } else {
         None
     };
-    if !cur.0.is_empty() {
-        return Err(ImageError::TrailingBytes);
-    }
-    Ok((meta, members, leases, auth, alarms))
+    Ok((auth, alarms))
 }
 
 /// The lease section: a count, then each lease, in increasing id order.
