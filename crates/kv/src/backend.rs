@@ -337,6 +337,12 @@ pub trait Backend: Send + Sync {
     fn sync(&self) -> Result<(), BackendError>;
     /// Approximate bytes used on disk.
     fn size_bytes(&self) -> u64;
+    /// Of [`Backend::size_bytes`], the bytes that hold data rather than freed pages a later
+    /// write may reuse (etcd's "size in use"); what defragmentation would leave. A backend
+    /// that frees nothing uses all it holds.
+    fn size_in_use_bytes(&self) -> u64 {
+        self.size_bytes()
+    }
     /// Returns the space of freed pages to the file system, with reads and commits going on
     /// meanwhile; afterwards the backend holds the same contents. A backend in memory holds no
     /// freed pages, so by default there is nothing to do.

@@ -59,6 +59,7 @@ pub(crate) struct StreamParts<V> {
     pub(crate) members: BTreeMap<u64, MemberAttributes>,
     pub(crate) leases: BTreeMap<LeaseId, Lease>,
     pub(crate) auth: std::sync::Arc<crate::auth::AuthState>,
+    pub(crate) alarms: std::collections::BTreeSet<crate::types::AlarmMember>,
 }
 
 impl<V: BackendView> ImageStream<V> {
@@ -79,9 +80,11 @@ impl<V: BackendView> ImageStream<V> {
 
     /// Encodes the header, without measuring the image.
     pub(crate) fn unmeasured(parts: StreamParts<V>) -> ImageStream<V> {
-        let StreamParts { view, overlay, revs, meta, members, leases, auth } = parts;
+        let StreamParts { view, overlay, revs, meta, members, leases, auth, alarms } = parts;
         let mut tail = Vec::new();
-        snapshot::put_tail(&mut tail, &members, &leases, &auth);
+        let sections =
+            snapshot::Tail { members: &members, leases: &leases, auth: &auth, alarms: &alarms };
+        snapshot::put_tail(&mut tail, sections);
         let mut stream = ImageStream {
             view,
             overlay,

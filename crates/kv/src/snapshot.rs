@@ -12,7 +12,8 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "CAIRNKVI"
-//!      8     4  format version, u32 (4; 3 had no auth section, 2 no lease section, 1 no member section)
+//!      8     4  format version, u32 (5; 4 had no alarm section, 3 no auth section, 2 no lease
+//!               section, 1 no member section)
 //!     12     8  applied_index, u64: the last Raft index the state includes
 //!     20     8  current, i64: the store's revision
 //!     28     8  compacted, i64: reads below it fail as compacted (-1: never compacted)
@@ -27,6 +28,8 @@
 //!                 id i64 | ttl i64 | remaining_ttl i64
 //!            8  auth store length a, u64 (version 4)
 //!               a bytes of `AuthState::encode`
+//!            8  alarm section length r, u64 (version 5)
+//!               r bytes of `backend::encode_alarms`: member u64 | type u8, in order
 //!  end-4     4  crc32c (Castagnoli) of every byte before it, u32
 //! ```
 //!
@@ -36,20 +39,24 @@
 //! its key must not be empty, and compaction at `compacted` must keep it (a record superseded at
 //! or before `compacted`, or a deletion before it, has no place in an image). Every member's
 //! attributes must decode, in increasing id order; so must every lease, with a non-zero id and
-//! a positive TTL; the auth store must decode. Nothing after it but the checksum. Version 2 images
-//! (no leases) are read as holding none, version 3 ones (no auth section) as a new auth store.
+//! a positive TTL; the auth store and the alarms must decode. Nothing after them but the
+//! checksum. Version 2 images (no leases) are read as holding none, version 3 ones (no auth
+//! section) as a new auth store, and images before version 5 as saying nothing about alarms
+//! (an installing member keeps its own).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
 
 use bytes::{BufMut, Bytes};
 
 use crate::auth::AuthState;
-use crate::backend::{BackendError, Record};
-use crate::types::{Lease, LeaseId, MemberAttributes, Revision, RevisionId};
+use crate::backend::{decode_alarms, encode_alarms, BackendError, Record};
+use crate::types::{AlarmMember, Lease, LeaseId, MemberAttributes, Revision, RevisionId};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
-const VERSION: u32 = 4;
+const VERSION: u32 = 5;
+/// The version before the alarm section, still read.
+const VERSION_NO_ALARMS: u32 = 4;
 /// The version before the auth section, still read.
 const VERSION_NO_AUTH: u32 = 3;
 /// The previous version, without leases, still read.
@@ -99,7 +106,9 @@ pub enum ImageError {
     BadLease { position: u64, reason: &'static str },
     /// The auth store does not decode.
     BadAuth(&'static str),
-    /// Bytes between the auth store and the checksum.
+    /// The alarm section does not decode.
+    BadAlarms(&'static str),
+    /// Bytes between the last section and the checksum.
     TrailingBytes,
 }
 
@@ -131,7 +140,8 @@ impl fmt::Display for ImageError {
                 write!(f, "lease {position}: {reason}")
             }
             ImageError::BadAuth(why) => write!(f, "auth store: {why}"),
-            ImageError::TrailingBytes => f.write_str("bytes after the auth store"),
+            ImageError::BadAlarms(why) => write!(f, "alarms: {why}"),
+            ImageError::TrailingBytes => f.write_str("bytes after the last section"),
         }
     }
 }
@@ -182,24 +192,21 @@ impl Encoder {
         put_record(&mut self.buf, rev, record);
     }
 
-    /// Appends every member's attributes, every lease, a new auth store and the checksum.
+    /// Appends every member's attributes, every lease, a new auth store, no alarms and the
+    /// checksum.
     pub fn finish(
         self,
         members: &BTreeMap<u64, MemberAttributes>,
         leases: &BTreeMap<LeaseId, Lease>,
     ) -> Bytes {
-        self.finish_with_auth(members, leases, &AuthState::default())
+        let tail = Tail { members, leases, auth: &AuthState::default(), alarms: &BTreeSet::new() };
+        self.finish_with(tail)
     }
 
-    /// Appends every member's attributes, every lease, the auth store and the checksum.
-    pub fn finish_with_auth(
-        mut self,
-        members: &BTreeMap<u64, MemberAttributes>,
-        leases: &BTreeMap<LeaseId, Lease>,
-        auth: &AuthState,
-    ) -> Bytes {
+    /// Appends the sections after the records, and the checksum.
+    pub fn finish_with(mut self, tail: Tail<'_>) -> Bytes {
         self.buf[HEADER_LEN - 8..HEADER_LEN].copy_from_slice(&self.count.to_be_bytes());
-        put_tail(&mut self.buf, members, leases, auth);
+        put_tail(&mut self.buf, tail);
         let crc = crc32c::crc32c(&self.buf);
         self.buf.put_u32(crc);
         Bytes::from(self.buf)
@@ -230,13 +237,20 @@ pub(crate) fn put_record(buf: &mut Vec<u8>, rev: RevisionId, record: &Record) {
     record.encode_into(buf);
 }
 
-/// The member and lease sections, which follow the records.
-pub(crate) fn put_tail(
-    buf: &mut Vec<u8>,
-    members: &BTreeMap<u64, MemberAttributes>,
-    leases: &BTreeMap<LeaseId, Lease>,
-    auth: &AuthState,
-) {
+/// What an image holds after its records.
+#[derive(Clone, Copy, Debug)]
+pub struct Tail<'a> {
+    pub members: &'a BTreeMap<u64, MemberAttributes>,
+    pub leases: &'a BTreeMap<LeaseId, Lease>,
+    pub auth: &'a AuthState,
+    /// The raised alarms: a member that installs the image raises exactly these, as one that
+    /// applied the entries would have.
+    pub alarms: &'a BTreeSet<AlarmMember>,
+}
+
+/// The member, lease, auth and alarm sections, which follow the records.
+pub(crate) fn put_tail(buf: &mut Vec<u8>, tail: Tail<'_>) {
+    let Tail { members, leases, auth, alarms } = tail;
     buf.put_u64(members.len() as u64);
     for (id, attributes) in members {
         let encoded = attributes.encode();
@@ -253,6 +267,9 @@ pub(crate) fn put_tail(
     let auth = auth.encode();
     buf.put_u64(auth.len() as u64);
     buf.put_slice(&auth);
+    let alarms = encode_alarms(alarms);
+    buf.put_u64(alarms.len() as u64);
+    buf.put_slice(&alarms);
 }
 
 /// Encodes an image of `records` (in increasing revision order), `members` and `leases` at
@@ -288,6 +305,7 @@ pub struct Image {
     members: BTreeMap<u64, MemberAttributes>,
     leases: BTreeMap<LeaseId, Lease>,
     auth: AuthState,
+    alarms: Option<BTreeSet<AlarmMember>>,
 }
 
 /// An image's parts: records, members' attributes, leases.
@@ -314,8 +332,9 @@ impl Image {
         &self.leases
     }
 
-    /// The image as a new cluster's starting state at `applied_index`: the same history and
-    /// leases, without the old members' attributes (a restore's new members publish theirs).
+    /// The image as a new cluster's starting state at `applied_index`: the same history,
+    /// leases and alarms (as `etcdutl snapshot restore` keeps etcd's alarm bucket), without
+    /// the old members' attributes (a restore's new members publish theirs).
     pub fn for_new_cluster(mut self, applied_index: u64) -> Image {
         self.meta.applied_index = applied_index;
         self.members.clear();
@@ -327,6 +346,11 @@ impl Image {
         &self.auth
     }
 
+    /// The raised alarms, or `None` for an image made before images carried them.
+    pub fn alarms(&self) -> Option<&BTreeSet<AlarmMember>> {
+        self.alarms.as_ref()
+    }
+
     /// The records, the members' attributes and the leases.
     pub fn into_parts(self) -> ImageParts {
         (self.records, self.members, self.leases)
@@ -336,9 +360,9 @@ impl Image {
 /// Decodes and verifies a whole image.
 pub fn decode(image: &[u8]) -> Result<Image, ImageError> {
     let mut records = Vec::new();
-    let (meta, members, leases, auth) =
+    let (meta, members, leases, auth, alarms) =
         parse(image, &mut |rev, record| records.push((rev, record)))?;
-    Ok(Image { meta, records, members, leases, auth })
+    Ok(Image { meta, records, members, leases, auth, alarms })
 }
 
 /// The header of an image, after verifying the whole image exactly as [`decode`] does (so an
@@ -379,7 +403,7 @@ pub struct ImageSummary {
 pub fn summarize(image: &[u8]) -> Result<ImageSummary, ImageError> {
     let mut records = 0u64;
     let mut live: HashSet<Bytes> = HashSet::new();
-    let (meta, _, _, _) = parse(image, &mut |_, record| {
+    let (meta, ..) = parse(image, &mut |_, record| {
         records += 1;
         if record.tombstone {
             live.remove(&record.key);
@@ -424,8 +448,14 @@ impl<'a> Cursor<'a> {
     }
 }
 
-/// An image's header, members' attributes, leases and auth store.
-type Parsed = (ImageMeta, BTreeMap<u64, MemberAttributes>, BTreeMap<LeaseId, Lease>, AuthState);
+/// An image's header, members' attributes, leases, auth store and alarms.
+type Parsed = (
+    ImageMeta,
+    BTreeMap<u64, MemberAttributes>,
+    BTreeMap<LeaseId, Lease>,
+    AuthState,
+    Option<BTreeSet<AlarmMember>>,
+);
 
 /// Verifies `image` and hands each record to `visit`, in order; returns the header, the
 /// members' attributes and the leases.
@@ -435,7 +465,7 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
         return Err(ImageError::WrongMagic);
     }
     let version = head.u32()?;
-    if ![VERSION, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
+    if ![VERSION, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
         return Err(ImageError::UnknownVersion(version));
     }
     let Some(body_len) = image.len().checked_sub(CHECKSUM_LEN).filter(|n| *n >= HEADER_LEN) else {
@@ -476,7 +506,20 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
     let members = parse_members(&mut cur)?;
     let leases =
         if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(&mut cur)? };
-    let auth = if version == VERSION {
+    let (auth, alarms) = parse_auth_and_alarms(version, &mut cur)?;
+    if !cur.0.is_empty() {
+        return Err(ImageError::TrailingBytes);
+    }
+    Ok((meta, members, leases, auth, alarms))
+}
+
+/// The auth and alarm sections, as `version` has them: a new auth store before version 4, no
+/// word of alarms before version 5.
+fn parse_auth_and_alarms(
+    version: u32,
+    cur: &mut Cursor<'_>,
+) -> Result<(AuthState, Option<BTreeSet<AlarmMember>>), ImageError> {
+    let auth = if version >= VERSION_NO_ALARMS {
         let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
         AuthState::decode(cur.take(len)?).map_err(|e| {
             ImageError::BadAuth(match e {
@@ -487,10 +530,18 @@ fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Pars
     } else {
         AuthState::default()
     };
-    if !cur.0.is_empty() {
-        return Err(ImageError::TrailingBytes);
-    }
-    Ok((meta, members, leases, auth))
+    let alarms = if version == VERSION {
+        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
+        Some(decode_alarms(cur.take(len)?).map_err(|e| {
+            ImageError::BadAlarms(match e {
+                BackendError::Corrupt(why) => why,
+                _ => "undecodable",
+            })
+        })?)
+    } else {
+        None
+    };
+    Ok((auth, alarms))
 }
 
 /// The lease section: a count, then each lease, in increasing id order.

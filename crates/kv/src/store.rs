@@ -233,6 +233,11 @@ impl<B: Backend> Store<B> {
         self.backend.size_bytes()
     }
 
+    /// Of [`Store::size_bytes`], the bytes holding data rather than free pages.
+    pub fn size_in_use_bytes(&self) -> u64 {
+        self.backend.size_in_use_bytes()
+    }
+
     /// Keys that exist at the current revision.
     pub fn key_count(&self) -> usize {
         self.read().index.key_count()

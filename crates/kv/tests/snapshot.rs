@@ -209,6 +209,9 @@ fn raw_image_with(
     if version >= 4 {
         leases.extend(new_auth_section());
     }
+    if version >= 5 {
+        leases.extend(0u64.to_be_bytes());
+    }
     raw_image_leases(
         version,
         applied,
@@ -341,6 +344,7 @@ fn the_image_layout_is_as_documented() {
         Command::LeaseGrant { id: LeaseId(7), ttl: 10 },
         Command::LeaseGrant { id: LeaseId(-3), ttl: 60 },
         Command::LeaseCheckpoint { checkpoints: vec![(LeaseId(7), 4), (LeaseId(8), 1)] },
+        Command::AlarmActivate(AlarmMember { member: 5, alarm: AlarmType::NoSpace }),
     ];
     for (i, cmd) in cmds.iter().enumerate() {
         store.apply(&[(i as u64 + 1, Some(cmd))]).unwrap();
@@ -363,8 +367,19 @@ fn the_image_layout_is_as_documented() {
         after.put_i64(remaining);
     }
     after.extend(new_auth_section());
-    assert_eq!(store.image().unwrap(), raw_image_leases(4, 11, 5, 4, 3, &records, &after));
-    assert_eq!(snapshot::empty_image(9), raw_image(4, 9, 1, -1, 0, &[]));
+    // The alarms: 9 bytes long, member 5's NOSPACE (type 1).
+    after.put_u64(9);
+    after.put_u64(5);
+    after.put_u8(1);
+    let image = store.image().unwrap();
+    assert_eq!(image, raw_image_leases(5, 12, 5, 4, 3, &records, &after));
+    let alarm = AlarmMember { member: 5, alarm: AlarmType::NoSpace };
+    let decoded = snapshot::decode(&image).unwrap();
+    assert_eq!(decoded.alarms(), Some(&[alarm].into_iter().collect()));
+    assert_eq!(snapshot::empty_image(9), raw_image(5, 9, 1, -1, 0, &[]));
+    // Version 4 (no alarm section) is still read, as saying nothing of alarms.
+    let v4 = snapshot::decode(&raw_image(4, 9, 1, -1, 0, &[])).unwrap();
+    assert_eq!(v4.alarms(), None);
     // Version 3 (no auth section) is still read, as holding a new auth store.
     let v3 = snapshot::decode(&raw_image(3, 9, 1, -1, 0, &[])).unwrap();
     assert_eq!(*v3.auth(), cairn_kv::auth::AuthState::default());

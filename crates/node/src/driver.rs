@@ -214,6 +214,7 @@ impl Driver {
             Input::Peer(PeerInput::Message(msg)) => self.replica.handle_message(msg),
             Input::Peer(PeerInput::SnapshotSent { to, status }) => {
                 if status == cairn_raft::SnapshotStatus::Finished {
+                    tracing::info!("sent a snapshot to member {:016x}", to.0);
                     EngineMetrics::add(&self.shared.metrics.snapshots_sent, 1);
                 }
                 self.replica.handle_snapshot_report(to, status)
@@ -290,7 +291,23 @@ impl Driver {
         }
         let removed = !conf.members().contains(&me)
             && self.shared.store.member(me.0).is_some_and(|a| a.removed);
-        *self.shared.conf.lock().unwrap_or_else(|e| e.into_inner()) = conf;
+        let old = std::mem::replace(
+            &mut *self.shared.conf.lock().unwrap_or_else(|e| e.into_inner()),
+            conf.clone(),
+        );
+        // One line per membership change (the first configuration, at start, is one too).
+        if old != conf {
+            let ids = |s: &std::collections::BTreeSet<cairn_raft::NodeId>| {
+                s.iter().map(|id| format!("{:016x}", id.0)).collect::<Vec<_>>().join(",")
+            };
+            tracing::info!(
+                voters = ids(&conf.voters),
+                learners = ids(&conf.learners),
+                "membership is now {} voters and {} learners",
+                conf.voters.len(),
+                conf.learners.len()
+            );
+        }
         if removed && !self.removed {
             // etcd's words, so an operator searching for them finds the cause.
             tracing::error!("the member has been permanently removed from the cluster");

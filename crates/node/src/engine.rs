@@ -262,6 +262,7 @@ impl Engine {
         s.revision = self.shared.store.current_revision();
         s.compact_revision = self.shared.store.compacted_revision();
         s.db_size_bytes = self.shared.store.size_bytes();
+        s.db_size_in_use_bytes = self.shared.store.size_in_use_bytes();
         s.key_count = self.shared.store.key_count() as u64;
         s
     }

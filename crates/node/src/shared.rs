@@ -34,6 +34,9 @@ pub struct Status {
     pub compact_revision: Revision,
     /// The database file's size.
     pub db_size_bytes: u64,
+    /// Of `db_size_bytes`, the bytes holding data rather than free pages (etcd's
+    /// `dbSizeInUse`): what a defragmentation would leave.
+    pub db_size_in_use_bytes: u64,
     /// Keys that exist at the current revision.
     pub key_count: u64,
     /// Why the engine stopped, if storage failed.

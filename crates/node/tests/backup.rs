@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use cairn_kv::{KeyValue, PutRequest, RangeRequest};
+use cairn_kv::{AlarmMember, AlarmType, KeyValue, PutRequest, RangeRequest};
 use cairn_node::backup::{open_file, FileError};
 use cairn_node::cluster::{ClusterConfig, ClusterState};
 use cairn_node::restore::{restore, RestoreConfig, RestoreError};
@@ -94,6 +94,9 @@ async fn one_file_restores_the_members_of_a_new_cluster() {
         engine.put(PutRequest::new(format!("k{i}"), format!("v{i}"))).await.expect("puts");
     }
     engine.put(PutRequest::new("k1", "again")).await.expect("puts");
+    // The file keeps the raised alarms, as etcd's backend file keeps its alarm bucket.
+    let alarm = AlarmMember { member: 42, alarm: AlarmType::NoSpace };
+    engine.alarm_activate(alarm).await.expect("raises NOSPACE");
     let (revision, expected) = read_all(&engine).await;
     let mut stream = engine.backup().expect("a backup");
     let mut file = Vec::new();
@@ -135,7 +138,9 @@ async fn one_file_restores_the_members_of_a_new_cluster() {
         members.into_iter().map(|c| Engine::open(c).expect("a restored member starts")).collect();
     for e in &engines {
         assert_eq!(read_all(e).await, (revision, expected.clone()), "every member has it all");
+        assert!(e.raised_alarms().contains(&alarm), "the restore kept the alarm");
     }
+    engines[0].alarm_deactivate(alarm).await.expect("disarms");
     let written = engines[0].put(PutRequest::new("after", "x")).await.expect("writes go on");
     assert_eq!(written.revision.0, revision + 1);
     // One cluster, not three: the write reaches every member, and all follow one leader.

@@ -30,6 +30,37 @@ impl Drop for Member {
     }
 }
 
+/// Every log line the engines of this process wrote (each test's members have ids of their
+/// own, so a test picks out its lines by id).
+fn logs() -> String {
+    static LOGS: std::sync::OnceLock<std::sync::Arc<std::sync::Mutex<Vec<u8>>>> =
+        std::sync::OnceLock::new();
+    let buf = LOGS.get_or_init(|| {
+        let buf = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_writer(move || LogSink(sink.clone()))
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("the only subscriber");
+        buf
+    });
+    String::from_utf8_lossy(&buf.lock().expect("the log buffer")).into_owned()
+}
+
+struct LogSink(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogSink {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().expect("the log buffer").extend_from_slice(b);
+        Ok(b.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cairn-cluster-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -169,14 +200,23 @@ async fn three_members_serve_every_request_on_every_member() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
+    logs();
     let mut ms = configs("snap", 3, 20);
     ms.iter_mut().for_each(start);
     let l = leader(&ms);
     let behind = (l + 1) % 3;
+    let behind_id = eng(&ms[behind]).identity().1;
     stop(&mut ms[behind]);
     let writer = (l + 2) % 3;
     for i in 0..200 {
         put_retrying(eng(&ms[writer]), &format!("k{i:03}"), &i.to_string()).await;
+    }
+    // An alarm raised while the member is away, then enough deletes (which NOSPACE lets
+    // through) that the log holding it is compacted: only the image can tell the member.
+    let alarm = AlarmMember { member: behind_id, alarm: AlarmType::NoSpace };
+    eng(&ms[writer]).alarm_activate(alarm).await.expect("raise NOSPACE");
+    for i in 0..100 {
+        eng(&ms[writer]).delete(format!("k{i:03}")).await.expect("delete");
     }
     // The leader compacted its log far past what the stopped member holds.
     start(&mut ms[behind]);
@@ -187,6 +227,10 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(get(eng(&ms[behind]), "k199").await, Some(Bytes::from("199")));
+    assert_eq!(get(eng(&ms[behind]), "k000").await, None);
+    assert!(eng(&ms[behind]).raised_alarms().contains(&alarm), "the image carried the alarm");
+    let refused = put(eng(&ms[behind]), "more", "x").await;
+    assert!(matches!(refused, Err(EngineError::NoSpace)), "{refused:?}");
     let count = |m: &Member, c: fn(&EngineMetrics) -> &std::sync::atomic::AtomicU64| {
         EngineMetrics::get(c(eng(m).metrics()))
     };
@@ -200,6 +244,12 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
     }
     let h: Vec<u32> = ms.iter().map(|m| eng(m).hash_kv(target).expect("hash").hash).collect();
     assert!(h.iter().all(|x| *x == h[0]), "members diverge: {h:?}");
+    // One line for each snapshot sent, and for each installed (a single sent line: a snapshot
+    // may be sent again only if the first send failed).
+    let logs = logs();
+    let sent = format!("sent a snapshot to member {behind_id:016x}");
+    let sends = count(&ms[l], |m| &m.snapshots_sent);
+    assert_eq!(logs.matches(&sent).count() as u64, sends, "{logs}");
     ms.iter_mut().for_each(stop);
 }
 
@@ -398,6 +448,7 @@ fn joiner(ms: &[Member], tag: &str, id: u64, url: &str) -> Member {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_learner_joins_catches_up_by_snapshot_is_promoted_and_removed() {
+    logs();
     let mut ms = configs("grow", 1, 20);
     start(&mut ms[0]);
     leader(&ms);
@@ -433,6 +484,15 @@ async fn a_learner_joins_catches_up_by_snapshot_is_promoted_and_removed() {
         assert!(Instant::now() < deadline, "the new member never knew it was a learner");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // One line per membership change on each member: the leader's, and the learner's when
+    // the snapshot told it.
+    let learner = format!("{:016x}", added.id);
+    let lines = logs();
+    let added_lines: Vec<&str> = lines
+        .lines()
+        .filter(|l| l.contains("membership is now 1 voters and 1 learners") && l.contains(&learner))
+        .collect();
+    assert_eq!(added_lines.len(), 2, "{lines}");
     let read = eng(&new).range(RangeRequest::key("k00")).await;
     assert_eq!(refusal(read), MembershipError::NotSupportedForLearner);
     assert_eq!(refusal(put(eng(&new), "x", "y").await), MembershipError::NotSupportedForLearner);

@@ -9,7 +9,6 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue, Method, Request, StatusCode, Version};
@@ -19,38 +18,10 @@ use axum::Router;
 use cairn_node::Engine;
 
 use crate::metrics::{Counted, GrpcCall};
+use health::health;
+
+mod health;
 use crate::services::ETCD_COMPATIBLE_VERSION;
-
-async fn ready(engine: &Engine) -> Result<(), String> {
-    if let Some(why) = engine.status().failure {
-        return Err(format!("storage failure: {why}"));
-    }
-    if engine.leader().is_none() {
-        return Err("no leader".into());
-    }
-    match tokio::time::timeout(Duration::from_secs(1), engine.read_barrier()).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("timed out waiting for a linearizable read".into()),
-    }
-}
-
-/// Answers with `ok_body` when ready, or 503 with `fail_body(reason)`.
-fn readiness(
-    engine: Arc<Engine>,
-    ok_body: &'static str,
-    fail_body: fn(String) -> String,
-) -> axum::routing::MethodRouter {
-    get(move || {
-        let engine = engine.clone();
-        async move {
-            match ready(&engine).await {
-                Ok(()) => (StatusCode::OK, ok_body.to_string()),
-                Err(why) => (StatusCode::SERVICE_UNAVAILABLE, fail_body(why)),
-            }
-        }
-    })
-}
 
 /// etcd's `/version` body, with cairn's own version beside the etcd version it reports. etcd
 /// clients parse `etcdcluster` (the cluster's major.minor, patch 0) to gate features.
@@ -85,18 +56,11 @@ pub(crate) fn metrics_routes(engine: Arc<Engine>) -> Router {
     Router::new().route("/metrics", metrics_route(engine.clone())).route("/health", health(engine))
 }
 
-fn health(engine: Arc<Engine>) -> axum::routing::MethodRouter {
-    readiness(engine, r#"{"health":"true","reason":""}"#, |why| {
-        format!(r#"{{"health":"false","reason":{why:?}}}"#)
-    })
-}
-
 pub fn routes(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/metrics", metrics_route(engine.clone()))
         .route("/health", health(engine.clone()))
-        .route("/livez", get(|| async { "ok" }))
-        .route("/readyz", readiness(engine, "ok", |why| format!("not ready: {why}")))
+        .merge(health::probe_routes(engine))
         .route(
             "/version",
             get(|| async { ([(header::CONTENT_TYPE, "application/json")], version_json()) }),

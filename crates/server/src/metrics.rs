@@ -234,6 +234,19 @@ fn disk_and_store(engine: &Engine, enc: &mut DescriptorEncoder) -> std::fmt::Res
         "Total size of the underlying database physically allocated in bytes.",
         s.db_size_bytes as f64,
     )?;
+    // etcd 3.5 still exports the older name, which older dashboards plot.
+    gauge(
+        enc,
+        "etcd_debugging_mvcc_db_total_size_in_bytes",
+        "Total size of the underlying database physically allocated in bytes.",
+        s.db_size_bytes as f64,
+    )?;
+    gauge(
+        enc,
+        "etcd_mvcc_db_total_size_in_use_in_bytes",
+        "Total size of the underlying database logically in use in bytes.",
+        s.db_size_in_use_bytes as f64,
+    )?;
     gauge(enc, "etcd_debugging_mvcc_keys_total", "Total number of keys.", s.key_count as f64)?;
     gauge(
         enc,

@@ -262,3 +262,51 @@ async fn a_url_as_authority_is_accepted_as_etcd_does() {
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_answers_alarms_and_probes_as_etcd_3_5_does() {
+    let s = server("health").await;
+    let ok = r#"{"health":"true","reason":""}"#;
+    assert_eq!(http1(s.port, "GET", "/health", "", b"").await.2, ok);
+    assert_eq!(http1(s.port, "GET", "/health?serializable=true", "", b"").await.2, ok);
+    let (status, _, body) = http1(s.port, "GET", "/readyz?verbose", "", b"").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        "[+]data_corruption ok\n[+]serializable_read ok\n[+]linearizable_read ok\nok\n"
+    );
+    assert_eq!(http1(s.port, "GET", "/livez", "", b"").await.2, "ok\n");
+
+    let url = format!("http://127.0.0.1:{}", s.port);
+    let mut m = pb::maintenance_client::MaintenanceClient::connect(url).await.expect("connect");
+    let alarm = |action, alarm| pb::AlarmRequest { action, member_id: 0, alarm };
+    use pb::alarm_request::AlarmAction;
+    m.alarm(alarm(AlarmAction::Activate as i32, pb::AlarmType::Nospace as i32))
+        .await
+        .expect("raise NOSPACE");
+    let (status, _, body) = http1(s.port, "GET", "/health", "", b"").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "{\"health\":\"false\",\"reason\":\"ALARM NOSPACE\"}\n")
+    );
+    let (status, _, body) = http1(s.port, "GET", "/health?exclude=NOSPACE", "", b"").await;
+    assert_eq!((status, body.as_str()), (200, ok));
+    // Only CORRUPT makes a member unready.
+    assert_eq!(http1(s.port, "GET", "/readyz", "", b"").await.0, 200);
+
+    m.alarm(alarm(AlarmAction::Activate as i32, pb::AlarmType::Corrupt as i32))
+        .await
+        .expect("raise CORRUPT");
+    let (status, _, body) = http1(s.port, "GET", "/health?exclude=NOSPACE", "", b"").await;
+    assert_eq!(
+        (status, body.as_str()),
+        (503, "{\"health\":\"false\",\"reason\":\"ALARM CORRUPT\"}\n")
+    );
+    let (status, _, body) = http1(s.port, "GET", "/readyz", "", b"").await;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("[-]data_corruption failed: alarm activated: CORRUPT\n"), "{body}");
+    let (status, _, body) = http1(s.port, "GET", "/readyz?exclude=data_corruption", "", b"").await;
+    assert_eq!((status, body.as_str()), (200, "ok\n"));
+    assert_eq!(http1(s.port, "GET", "/readyz/linearizable_read", "", b"").await.0, 200);
+    assert_eq!(http1(s.port, "GET", "/livez", "", b"").await.0, 200);
+}

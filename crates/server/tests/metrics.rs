@@ -114,7 +114,8 @@ const PUT_STARTED: &str = "grpc_server_started_total{grpc_type=\"unary\",\
 const WATCH: &str = "grpc_type=\"bidi_stream\",grpc_service=\"etcdserverpb.Watch\",\
                      grpc_method=\"Watch\"";
 
-/// Puts `n` keys, fails one put (an empty key), and reads what a watch from revision 1 sends.
+/// Puts `n` keys, fails one put (an empty key), reads what a watch from revision 1 sends, and
+/// compacts at revision 5.
 async fn work(port: u16, n: usize) {
     let url = format!("http://127.0.0.1:{port}");
     let mut kv = KvClient::connect(url.clone()).await.expect("connect");
@@ -156,6 +157,8 @@ async fn work(port: u16, n: usize) {
         events += resp.events.len();
     }
     drop(tx);
+    let compact = pb::CompactionRequest { revision: 5, physical: true };
+    kv.compact(compact).await.expect("compact");
 }
 
 #[test]
@@ -211,7 +214,11 @@ fn check_scrape(before: &HashMap<String, f64>, after: &HashMap<String, f64>, n: 
     let inf = "etcd_disk_wal_fsync_duration_seconds_bucket{le=\"+Inf\"}";
     assert_eq!(value(after, inf), value(after, "etcd_disk_wal_fsync_duration_seconds_count"));
     assert!(moved("etcd_disk_backend_commit_duration_seconds_count") >= 1.0, "backend commits");
-    assert!(value(after, "etcd_mvcc_db_total_size_in_bytes") > 0.0);
+    let total = value(after, "etcd_mvcc_db_total_size_in_bytes");
+    assert!(total > 0.0);
+    assert_eq!(value(after, "etcd_debugging_mvcc_db_total_size_in_bytes"), total);
+    let in_use = value(after, "etcd_mvcc_db_total_size_in_use_in_bytes");
+    assert!(in_use > 0.0 && in_use <= total, "{in_use} of {total}");
     assert_eq!(value(after, "etcd_debugging_mvcc_keys_total"), n);
     assert_eq!(moved(&handled("Put", "OK")), n);
     assert_eq!(moved(&handled("Put", "InvalidArgument")), 1.0);
@@ -225,13 +232,14 @@ fn check_scrape(before: &HashMap<String, f64>, after: &HashMap<String, f64>, n: 
     assert_eq!(value(after, "etcd_server_quota_backend_bytes"), (8u64 << 30) as f64);
 }
 
-/// Stops the server and checks its log: JSON lines, and the leader change logged once.
+/// Stops the server and checks its log: JSON lines, the leader change and the compaction
+/// logged once each, and no line per request.
 fn server_logs_once(mut server: Running) -> Vec<String> {
     let _ = server.child.kill();
     let _ = server.child.wait();
     std::thread::sleep(Duration::from_millis(100));
     let lines = server.lines();
-    let mut leader_lines = 0;
+    let (mut leader_lines, mut compaction_lines) = (0, 0);
     for line in &lines {
         // The addresses served are said in plain words whatever the log's level and format.
         if line.starts_with("cairn: ") {
@@ -243,9 +251,13 @@ fn server_logs_once(mut server: Running) -> Vec<String> {
         if msg.starts_with("leader is ") {
             leader_lines += 1;
         }
+        if msg == "compacted the store" {
+            assert_eq!(v["revision"], "5", "{line}");
+            compaction_lines += 1;
+        }
         assert!(!msg.contains("put"), "a line per request: {line}");
     }
-    assert_eq!(leader_lines, 1, "{lines:#?}");
+    assert_eq!((leader_lines, compaction_lines), (1, 1), "{lines:#?}");
     lines
 }
 

@@ -339,6 +339,13 @@ impl Backend for LmdbBackend {
     fn size_bytes(&self) -> u64 {
         self.handles().env.real_disk_size().unwrap_or(0)
     }
+
+    /// The pages the databases' trees hold (branch, leaf and overflow pages), without those
+    /// on LMDB's free list.
+    fn size_in_use_bytes(&self) -> u64 {
+        let h = self.handles();
+        h.env.non_free_pages_size().unwrap_or_else(|_| h.env.real_disk_size().unwrap_or(0))
+    }
 }
 
 impl BackendView for LmdbView {

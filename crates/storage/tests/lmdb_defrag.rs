@@ -140,3 +140,24 @@ fn a_crash_at_any_step_leaves_the_old_database_or_the_new_one() {
         std::fs::remove_dir_all(&dir).expect("cleans up");
     }
 }
+
+/// etcd's `db_total_size_in_use`: freed pages are not in use, so after deleting most records
+/// the in-use size falls well below the file's size, and a defragmentation brings the file
+/// down to about what was in use.
+#[test]
+fn size_in_use_leaves_out_freed_pages() {
+    let dir = temp_dir("in-use");
+    let b = LmdbBackend::open(&dir.join("db"), MAP).expect("opens");
+    fill(&b, 1, 2000);
+    let (full, full_in_use) = (b.size_bytes(), b.size_in_use_bytes());
+    assert!(full_in_use > 2000 * 4000 && full_in_use <= full, "{full_in_use} of {full}");
+    thin(&b, 1, 2000);
+    let (size, in_use) = (b.size_bytes(), b.size_in_use_bytes());
+    assert!(size >= full, "deleting returns nothing to the file system: {full} -> {size}");
+    assert!(in_use < full_in_use / 4, "in use after thinning: {in_use} (was {full_in_use})");
+    b.defragment().expect("defragments");
+    assert!(b.size_bytes() < size / 2, "the file shrank to about what was in use");
+    assert!(b.size_in_use_bytes() <= b.size_bytes());
+    drop(b);
+    std::fs::remove_dir_all(&dir).expect("cleans up");
+}

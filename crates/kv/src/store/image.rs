@@ -17,7 +17,7 @@ use crate::backend::{encode_lease, Backend, BackendError, BackendView, Meta, Rec
 use crate::hash::{self, Hasher, KvHash};
 use crate::image_stream::{ImageStream, StreamParts};
 use crate::index::{Index, IndexEntry};
-use crate::snapshot::{self, Encoder, ImageMeta, InstallError};
+use crate::snapshot::{self, Encoder, ImageMeta, InstallError, Tail};
 use crate::types::{Revision, RevisionId};
 use crate::KvError;
 
@@ -63,10 +63,12 @@ impl<B: Backend> Store<B> {
     /// complete (so the image does not depend on how far compaction got), every member's
     /// published attributes and every lease.
     pub fn image(&self) -> Result<Bytes, BackendError> {
-        let StreamParts { view, overlay, revs, meta, members, leases, auth } = self.parts()?;
+        let StreamParts { view, overlay, revs, meta, members, leases, auth, alarms } =
+            self.parts()?;
         let mut encoder = Encoder::new(meta);
         Capture { view, overlay, revs }.visit(|rev, record| encoder.push(rev, record))?;
-        Ok(encoder.finish_with_auth(&members, &leases, &auth))
+        let tail = Tail { members: &members, leases: &leases, auth: &auth, alarms: &alarms };
+        Ok(encoder.finish_with(tail))
     }
 
     /// The same image as [`Store::image`], streamed: encoded piece by piece as the caller reads
@@ -103,6 +105,7 @@ impl<B: Backend> Store<B> {
             members: inner.members.clone(),
             leases: inner.leases.all().clone(),
             auth: inner.auth.clone(),
+            alarms: inner.alarms.clone(),
         })
     }
 
@@ -127,6 +130,9 @@ impl<B: Backend> Store<B> {
         let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
         let auth = image.auth().clone();
         batch.auth = Some(auth.encode());
+        // An image made before images carried alarms says nothing of them: keep this member's.
+        let alarms = image.alarms().cloned();
+        batch.alarms = alarms.as_ref().map(crate::backend::encode_alarms);
         let (records, members, leases) = image.into_parts();
         for (rev, record) in records {
             batch.puts.push((rev, record.encode()));
@@ -139,8 +145,7 @@ impl<B: Backend> Store<B> {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
             self.backend.replace(batch).map_err(InstallError::Backend)?;
-            // Images do not carry alarms: the member keeps its own (see ARCHITECTURE.md).
-            let alarms = std::mem::take(&mut inner.alarms);
+            let alarms = alarms.unwrap_or_else(|| std::mem::take(&mut inner.alarms));
             let enabled = auth.enabled;
             let epoch = inner.epoch + 1;
             let mut installed = Inner::new(index, members, leases, alarms, auth, meta, epoch);
