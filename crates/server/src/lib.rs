@@ -132,6 +132,27 @@ pub struct ServeConfig {
     pub auth_token: AuthToken,
 }
 
+#[cfg(feature = "server")]
+impl ServeConfig {
+    /// A member serving `engine` on `listen_client_urls`, every other setting at the default
+    /// `cairn serve` gives it (no TLS, simple auth tokens, etcd's limits and intervals).
+    pub fn new(engine: EngineConfig, listen_client_urls: Vec<String>) -> ServeConfig {
+        ServeConfig {
+            engine,
+            listen_client_urls,
+            advertise_peer_urls: Vec::new(),
+            watch_progress_interval: std::time::Duration::from_secs(600),
+            max_concurrent_streams: u32::MAX,
+            max_client_conns: 0,
+            max_range_bytes_in_flight: 0,
+            client_tls: None,
+            listen_metrics_urls: Vec::new(),
+            corrupt_check_interval: None,
+            auth_token: AuthToken::Simple,
+        }
+    }
+}
+
 /// The Common Name of the certificate a client presented, once the client listener verified it
 /// (`--client-cert-auth` or `--trusted-ca-file` on an `https://` URL): a request extension on
 /// every gRPC and HTTP request of that connection, read with

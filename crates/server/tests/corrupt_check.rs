@@ -72,18 +72,9 @@ fn members(dir: &std::path::Path) -> Vec<Member> {
                 ClusterState::New,
             );
             engine.cluster = Some(cluster.expect("cluster flags"));
-            let cfg = ServeConfig {
-                engine,
-                listen_client_urls: vec![url(ports[i])],
-                advertise_peer_urls: peer,
-                watch_progress_interval: Duration::from_secs(600),
-                max_concurrent_streams: u32::MAX,
-                max_client_conns: 0,
-                max_range_bytes_in_flight: 0,
-                client_tls: None,
-                listen_metrics_urls: vec![],
-                corrupt_check_interval: Some(Duration::from_millis(200)),
-            };
+            let mut cfg = ServeConfig::new(engine, vec![url(ports[i])]);
+            cfg.advertise_peer_urls = peer;
+            cfg.corrupt_check_interval = Some(Duration::from_millis(200));
             Member { cfg, client: url(ports[i]), stop: None, done: None }
         })
         .collect()

@@ -27,19 +27,7 @@ fn fd_child_server() {
     let (Ok(dir), Ok(url)) = (std::env::var(CHILD_DIR), std::env::var(CHILD_URL)) else { return };
     let mut engine = EngineConfig::new("fd", Path::new(&dir));
     engine.wal_segment_bytes = SEGMENT_BYTES;
-    let cfg = ServeConfig {
-        engine,
-        listen_client_urls: vec![url],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-        max_client_conns: 0,
-        max_range_bytes_in_flight: 0,
-        client_tls: None,
-        listen_metrics_urls: vec![],
-        corrupt_check_interval: None,
-        auth_token: cairn::AuthToken::Simple,
-    };
+    let cfg = ServeConfig::new(engine, vec![url]);
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_target(false).init();
     let rt = tokio::runtime::Runtime::new().expect("a runtime");
     let stdin_closed = async {

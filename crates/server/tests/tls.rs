@@ -21,19 +21,11 @@ async fn serve(tag: &str, dir: &Path, files: TlsFiles) -> (u16, tokio::sync::one
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let port = probe.local_addr().expect("a bound port").port();
     drop(probe);
-    let cfg = ServeConfig {
-        engine: EngineConfig::new(tag, dir.join("data")),
-        listen_client_urls: vec![format!("https://127.0.0.1:{port}")],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-        max_client_conns: 0,
-        max_range_bytes_in_flight: 0,
-        client_tls: Some(files),
-        listen_metrics_urls: vec![],
-        corrupt_check_interval: None,
-        auth_token: cairn::AuthToken::Simple,
-    };
+    let mut cfg = ServeConfig::new(
+        EngineConfig::new(tag, dir.join("data")),
+        vec![format!("https://127.0.0.1:{port}")],
+    );
+    cfg.client_tls = Some(files);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
         cairn::serve(cfg, async move {

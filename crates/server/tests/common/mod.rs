@@ -30,19 +30,7 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
     let port = probe.local_addr().expect("a bound port").port();
     drop(probe);
     let url = format!("http://127.0.0.1:{port}");
-    let mut cfg = ServeConfig {
-        engine: EngineConfig::new(tag, &dir),
-        listen_client_urls: vec![url.clone()],
-        advertise_peer_urls: vec![],
-        watch_progress_interval: Duration::from_secs(600),
-        max_concurrent_streams: u32::MAX,
-        max_client_conns: 0,
-        max_range_bytes_in_flight: 0,
-        client_tls: None,
-        listen_metrics_urls: vec![],
-        corrupt_check_interval: None,
-        auth_token: cairn::AuthToken::Simple,
-    };
+    let mut cfg = ServeConfig::new(EngineConfig::new(tag, &dir), vec![url.clone()]);
     tweak(&mut cfg);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     tokio::spawn(async move {
