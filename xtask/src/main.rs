@@ -61,14 +61,19 @@ fn target_dir(env: &[(&str, &str)]) -> Result<PathBuf, String> {
         .ok_or_else(|| "cargo metadata gave no target_directory".into())
 }
 
-/// A release binary of this workspace, by name, as a string for the harnesses' environment.
+/// The optimized profile the checks build with: `release` as users get it, but without its
+/// whole-program (fat) LTO and single codegen unit, which make the binary small and the build
+/// several times longer, and CI builds cairn three times (see `[profile.ci]`).
+const PROFILE: &str = "ci";
+
+/// An optimized binary of this workspace, by name, as a string for the harnesses' environment.
 fn release_bin(name: &str) -> Result<String, String> {
-    let bin = target_dir(&[])?.join("release").join(name);
+    let bin = target_dir(&[])?.join(PROFILE).join(name);
     bin.into_os_string().into_string().map_err(|_| "non-UTF-8 target directory".into())
 }
 
 fn sim(args: &[&str]) -> Result<(), String> {
-    let mut all = vec!["run", "--quiet", "--release", "--package", "cairn-sim", "--"];
+    let mut all = vec!["run", "--quiet", "--profile", PROFILE, "--package", "cairn-sim", "--"];
     all.extend_from_slice(args);
     cargo(&all, &[])
 }
@@ -128,7 +133,7 @@ fn ensure_etcd_packages() -> Result<(), String> {
 
 /// The compatibility suites that drive a real `cairn` binary: etcdctl and the Go client.
 fn compat() -> Result<(), String> {
-    cargo(&["build", "--release", "--quiet", "--package", "cairn"], &[])?;
+    cargo(&["build", "--profile", PROFILE, "--quiet", "--package", "cairn"], &[])?;
     let bin = &release_bin("cairn")?;
     ensure_etcd_packages()?;
     run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
@@ -155,10 +160,10 @@ fn compat() -> Result<(), String> {
 /// The fault harness against real clusters (see `tests/cluster`). `env` adds to what it sets.
 fn cluster(env: &[(&str, &str)], go_args: &[&str]) -> Result<(), String> {
     // The planted-bug build first, kept aside, then the real one back in its place.
-    cargo(&["build", "--release", "--quiet", "-p", "cairn", "--features", "planted-bugs"], &[])?;
+    cargo(&["build", "--profile", PROFILE, "--quiet", "-p", "cairn", "--features", "planted-bugs"], &[])?;
     let (bin, planted) = (release_bin("cairn")?, release_bin("cairn-planted")?);
     std::fs::copy(&bin, &planted).map_err(|e| format!("cannot keep the planted-bug build: {e}"))?;
-    cargo(&["build", "--release", "--quiet", "-p", "cairn"], &[])?;
+    cargo(&["build", "--profile", PROFILE, "--quiet", "-p", "cairn"], &[])?;
     if !have("go") {
         return Err("Go is needed for tests/cluster (the official etcd client); install it".into());
     }
