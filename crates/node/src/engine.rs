@@ -7,6 +7,7 @@ mod members;
 mod range;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub(crate) use members::list as member_list;
 pub use members::{added_member_id, Member};
 pub use range::RangePlan;
 
@@ -165,7 +166,7 @@ impl Engine {
     /// call it before the runtime starts or through the runtime's way to block (tokio's
     /// `spawn_blocking` or `block_in_place`). It fails with [`EngineError::Open`] when the
     /// directory is unusable or another engine holds it.
-    pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn open(mut cfg: EngineConfig) -> Result<Engine, EngineError> {
         let started = Instant::now();
         let member = cfg.data_dir.join("member");
         // The data directory first: tightening it also hides whatever an older version left
@@ -173,6 +174,9 @@ impl Engine {
         crate::datadir::create_private(&cfg.data_dir)?;
         crate::datadir::create_private(&member)?;
         let lock = crate::datadir::lock(&cfg.data_dir, &member)?;
+        if let Some(c) = &mut cfg.cluster {
+            crate::join::resolve(c, &cfg.name, &member)?;
+        }
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);
@@ -204,7 +208,7 @@ impl Engine {
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let transport = match &cfg.cluster {
-            Some(c) => Some(crate::peers::start(c, tx.clone(), metrics.peers.clone())?),
+            Some(c) => Some(crate::peers::start(c, &cfg.name, tx.clone(), shared.clone())?),
             None => None,
         };
         let mut driver = Driver::new(

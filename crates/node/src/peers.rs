@@ -9,9 +9,12 @@ use cairn_transport::{
     ClientTls, Listener, PeerAddr, ServerName, ServerTls, Sink, Transport, TransportConfig,
 };
 
-use crate::cluster::ClusterConfig;
+use cairn_transport::members::{RemoteCluster, RemoteMember};
+
+use crate::cluster::{ClusterConfig, MemberSpec};
 use crate::driver::Input;
 use crate::error::{EngineError, OpenError};
+use crate::shared::Shared;
 
 /// What the transport hands the driver.
 #[derive(Debug)]
@@ -22,30 +25,58 @@ pub(crate) enum PeerInput {
 }
 
 /// The transport's sink: the driver's input queue. Sending never blocks; a driver that has
-/// stopped drops what arrives.
-struct DriverSink(mpsc::Sender<Input>);
+/// stopped drops what arrives. It also answers a joining member's members query from the
+/// applied membership.
+struct DriverSink {
+    tx: mpsc::Sender<Input>,
+    shared: Arc<Shared>,
+    flags: Vec<MemberSpec>,
+    name: String,
+}
 
 impl Sink for DriverSink {
     fn message(&self, msg: Message) {
-        let _ = self.0.send(Input::Peer(PeerInput::Message(msg)));
+        let _ = self.tx.send(Input::Peer(PeerInput::Message(msg)));
     }
 
     fn snapshot_sent(&self, to: NodeId, delivered: bool) {
         let status = if delivered { SnapshotStatus::Finished } else { SnapshotStatus::Failed };
-        let _ = self.0.send(Input::Peer(PeerInput::SnapshotSent { to, status }));
+        let _ = self.tx.send(Input::Peer(PeerInput::SnapshotSent { to, status }));
     }
 
     fn unreachable(&self, to: NodeId) {
-        let _ = self.0.send(Input::Peer(PeerInput::Unreachable(to)));
+        let _ = self.tx.send(Input::Peer(PeerInput::Unreachable(to)));
+    }
+
+    /// A member that knows no membership yet (joining, before its first snapshot) has none to
+    /// give: the caller asks another.
+    fn members(&self) -> Option<RemoteCluster> {
+        let list = crate::engine::member_list(&self.shared, &self.flags, &self.name);
+        if list.is_empty() {
+            return None;
+        }
+        let members = list
+            .into_iter()
+            .map(|m| RemoteMember {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                is_learner: m.is_learner,
+            })
+            .collect();
+        Some(RemoteCluster { cluster_id: self.shared.cluster_id, members })
     }
 }
 
 /// Binds the peer listeners and starts dialing every other member.
 pub(crate) fn start(
     cluster: &ClusterConfig,
+    name: &str,
     tx: mpsc::Sender<Input>,
-    traffic: Arc<cairn_transport::PeerTraffic>,
+    shared: Arc<Shared>,
 ) -> Result<Transport, EngineError> {
+    let traffic = shared.metrics.peers.clone();
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
     let (server_tls, client_tls) = peer_tls(cluster).map_err(open)?;
@@ -75,7 +106,9 @@ pub(crate) fn start(
         }
         cfg.peers.insert(NodeId(member.id), addrs);
     }
-    Transport::start(cfg, Arc::new(DriverSink(tx))).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
+    let flags = cluster.members.clone();
+    let sink = DriverSink { tx, shared, flags, name: name.to_string() };
+    Transport::start(cfg, Arc::new(sink)).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
 }
 
 type PeerTls = (Option<Arc<ServerTls>>, Option<Arc<ClientTls>>);

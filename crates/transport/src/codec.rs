@@ -3,7 +3,7 @@
 //!
 //! A connection opens with a Hello of [`HELLO_LEN`] bytes, fixed width and little-endian, so the
 //! acceptor can read it in one exact read before it trusts anything:
-//! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot) | cluster_id u64 | from u64 |
+//! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot, 2 members query) | cluster_id u64 | from u64 |
 //! to u64`. Later versions must keep magic and version first, so that this one can name them.
 //!
 //! Everything after it travels in frames: `len u32 | crc32c(payload) u32 | payload`, both
@@ -62,6 +62,8 @@ pub const MAX_REASON_LEN: usize = 1024;
 pub enum StreamKind {
     Messages,
     Snapshot,
+    /// A joining member asks for the membership ([`crate::members`]).
+    Members,
 }
 
 /// The first thing a connecting member sends.
@@ -170,6 +172,7 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) {
     out.push(match h.kind {
         StreamKind::Messages => 0,
         StreamKind::Snapshot => 1,
+        StreamKind::Members => 2,
     });
     out.extend_from_slice(&h.cluster_id.to_le_bytes());
     out.extend_from_slice(&h.from.0.to_le_bytes());
@@ -189,6 +192,7 @@ pub fn decode_hello(buf: &[u8; HELLO_LEN]) -> Result<Hello, DecodeError> {
     let kind = match buf[10] {
         0 => StreamKind::Messages,
         1 => StreamKind::Snapshot,
+        2 => StreamKind::Members,
         tag => return Err(DecodeError::UnknownTag { what: "stream kind", tag }),
     };
     let u64_at = |at: usize| {

@@ -138,6 +138,10 @@ impl Acceptor {
                 return Err(e.into());
             }
         };
+        // A joining member knows neither its id nor the cluster's yet: that is what it asks.
+        if hello.kind == StreamKind::Members {
+            return Ok(crate::members::serve(&mut conn, &*self.sink).await?);
+        }
         if let Err(why) = self.check(&hello) {
             let _ = reply(&mut conn, Err(&why)).await;
             return Err(InboundError::Refused(why));
@@ -146,6 +150,7 @@ impl Acceptor {
         match hello.kind {
             StreamKind::Messages => self.messages(conn, hello.from).await,
             StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
+            StreamKind::Members => Ok(()),
         }
     }
 

@@ -27,6 +27,7 @@
 
 pub mod codec;
 mod inbound;
+pub mod members;
 mod outbound;
 pub mod tls;
 pub mod url;
@@ -50,6 +51,10 @@ pub trait Sink: Send + Sync + 'static {
     fn snapshot_sent(&self, to: NodeId, delivered: bool);
     /// Messages to `to` were dropped: it is down, or its queue is full.
     fn unreachable(&self, to: NodeId);
+    /// The membership, for a member asking to join ([`members`]); `None` refuses the query.
+    fn members(&self) -> Option<members::RemoteCluster> {
+        None
+    }
 }
 
 /// A socket to accept peers on, with the TLS its URL asks for (`https://`).
