@@ -4,9 +4,9 @@
 use std::sync::{mpsc, Arc};
 
 use cairn_raft::{Message, NodeId, SnapshotStatus};
-use cairn_transport::url::{host, is_tls, listen_addr, resolve, UrlError};
+use cairn_transport::url::{is_tls, listen_addr};
 use cairn_transport::{
-    ClientTls, Listener, PeerAddr, ServerName, ServerTls, Sink, Transport, TransportConfig,
+    ClientTls, Listener, PeerUrlError, ServerTls, Sink, Transport, TransportConfig,
 };
 
 use cairn_transport::members::{RemoteCluster, RemoteMember};
@@ -92,23 +92,22 @@ pub(crate) fn start(
     for member in cluster.peers() {
         let mut addrs = Vec::new();
         for url in &member.peer_urls {
-            let tls = match &client_tls {
-                Some(tls) if is_tls(url) => {
-                    let host = host(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
-                    let name = ServerName::try_from(host.to_string())
-                        .map_err(|_| open(OpenError::PeerUrl(UrlError::Malformed(url.clone()))))?;
-                    Some((name, tls.clone()))
-                }
-                _ => None,
-            };
-            let resolved = resolve(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
-            addrs.extend(resolved.into_iter().map(|addr| PeerAddr { addr, tls: tls.clone() }));
+            let resolved = cairn_transport::peer_addrs(url, client_tls.as_ref());
+            addrs.extend(resolved.map_err(|e| open(peer_url_error(e)))?);
         }
         cfg.peers.insert(NodeId(member.id), addrs);
     }
+    cfg.client_tls = client_tls;
     let flags = cluster.members.clone();
     let sink = DriverSink { tx, shared, flags, name: name.to_string() };
     Transport::start(cfg, Arc::new(sink)).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
+}
+
+fn peer_url_error(e: PeerUrlError) -> OpenError {
+    match e {
+        PeerUrlError::Url(e) => OpenError::PeerUrl(e),
+        PeerUrlError::TlsMissing(url) => OpenError::PeerTlsMissing { url, listen: false },
+    }
 }
 
 type PeerTls = (Option<Arc<ServerTls>>, Option<Arc<ClientTls>>);
@@ -131,7 +130,9 @@ fn peer_tls(cluster: &ClusterConfig) -> Result<PeerTls, OpenError> {
         Some(_) => Some(Arc::new(ServerTls::new(files.clone(), &[]).map_err(OpenError::PeerTls)?)),
         None => None,
     };
-    let client = match dial {
+    // A member that listens on TLS dials with it too, members added at run time included
+    // (a cluster founded alone has no peer URL to dial yet).
+    let client = match dial.or(listen) {
         Some(_) => Some(Arc::new(ClientTls::new(files.clone()).map_err(OpenError::PeerTls)?)),
         None => None,
     };
