@@ -219,6 +219,16 @@ impl Driver {
                 self.replica.handle_snapshot_report(to, status)
             }
             Input::Peer(PeerInput::Unreachable(to)) => self.replica.handle_unreachable(to),
+            // Only a member that applied the removal says so, so it is committed: this member
+            // missed it (cut off before it reached it) and stops as if it had applied it.
+            Input::Peer(PeerInput::Removed(by)) if !self.removed => {
+                tracing::error!(
+                    "the member has been permanently removed from the cluster (member {:016x} refused it)",
+                    by.0
+                );
+                self.removed = true;
+            }
+            Input::Peer(PeerInput::Removed(_)) => {}
             Input::Stop => return Ok(false),
         }
         Ok(true)

@@ -20,8 +20,13 @@ use crate::shared::Shared;
 #[derive(Debug)]
 pub(crate) enum PeerInput {
     Message(Message),
-    SnapshotSent { to: NodeId, status: SnapshotStatus },
+    SnapshotSent {
+        to: NodeId,
+        status: SnapshotStatus,
+    },
     Unreachable(NodeId),
+    /// A peer refused this member as removed from the cluster.
+    Removed(NodeId),
 }
 
 /// The transport's sink: the driver's input queue. Sending never blocks; a driver that has
@@ -46,6 +51,14 @@ impl Sink for DriverSink {
 
     fn unreachable(&self, to: NodeId) {
         let _ = self.tx.send(Input::Peer(PeerInput::Unreachable(to)));
+    }
+
+    fn is_removed(&self, id: NodeId) -> bool {
+        self.shared.store.member(id.0).is_some_and(|a| a.removed)
+    }
+
+    fn removed(&self, by: NodeId) {
+        let _ = self.tx.send(Input::Peer(PeerInput::Removed(by)));
     }
 
     /// A member that knows no membership yet (joining, before its first snapshot) has none to

@@ -549,3 +549,26 @@ async fn a_member_joins_from_its_flags_alone_and_wrong_flags_or_directories_are_
     let e = open_error(&new.cfg);
     assert!(matches!(e, OpenError::OtherCluster { expected, .. } if expected == cluster_id), "{e}");
 }
+
+/// A member cut off before its removal reached it (stopped here) never applies it: the leader
+/// no longer sends it anything. Back up, it calls its peers, which refuse it as removed, and it
+/// stops as if it had applied its removal (etcd's `ErrMemberRemoved`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_its_removal_stops_when_a_peer_says_so() {
+    let mut ms = configs("missed-removal", 3, 10_000);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let f = (l + 1) % 3;
+    put_retrying(eng(&ms[l]), "before", "1").await;
+    let id = eng(&ms[f]).identity().1;
+    stop(&mut ms[f]);
+    eng(&ms[l]).member_remove(id).await.expect("remove the stopped member");
+    start(&mut ms[f]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !eng(&ms[f]).is_removed() {
+        assert!(Instant::now() < deadline, "the removed member kept running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(eng(&ms[f]).get("before").await.is_err(), "a removed member serves nothing");
+    put_retrying(eng(&ms[l]), "after", "1").await;
+}

@@ -170,6 +170,10 @@ impl Acceptor {
             ));
         }
         if !self.known.read().unwrap_or_else(|e| e.into_inner()).contains(&h.from) {
+            if self.sink.is_removed(h.from) {
+                let from = hex(h.from);
+                return Err(format!("{}: member {from} of cluster {ours:x}", crate::REMOVED));
+            }
             return Err(format!("member {} is not in cluster {ours:x}", hex(h.from)));
         }
         Ok(())

@@ -55,7 +55,21 @@ pub trait Sink: Send + Sync + 'static {
     fn members(&self) -> Option<members::RemoteCluster> {
         None
     }
+    /// Whether `id` was removed from the cluster (its calls are then refused with
+    /// [`REMOVED`], so it learns it even if it never applied its removal).
+    fn is_removed(&self, id: NodeId) -> bool {
+        let _ = id;
+        false
+    }
+    /// Peer `by` refused this member as removed from the cluster.
+    fn removed(&self, by: NodeId) {
+        let _ = by;
+    }
 }
+
+/// How a member refuses a call from a member removed from the cluster (etcd's words for
+/// `ErrMemberRemoved`); the caller that reads it stops.
+pub const REMOVED: &str = "the member has been permanently removed from the cluster";
 
 /// A socket to accept peers on, with the TLS its URL asks for (`https://`).
 #[derive(Debug)]
