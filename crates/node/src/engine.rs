@@ -174,9 +174,7 @@ impl Engine {
         crate::datadir::create_private(&cfg.data_dir)?;
         crate::datadir::create_private(&member)?;
         let lock = crate::datadir::lock(&cfg.data_dir, &member)?;
-        if let Some(c) = &mut cfg.cluster {
-            crate::join::resolve(c, &cfg.name, &member)?;
-        }
+        crate::join::resolve_config(&mut cfg, &member)?;
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);

@@ -24,6 +24,17 @@ use crate::error::{EngineError, OpenError};
 /// etcd's per-peer limit on the members request.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// [`resolve`] for an engine's configuration, if it names a cluster.
+pub(crate) fn resolve_config(
+    cfg: &mut crate::EngineConfig,
+    member_dir: &Path,
+) -> Result<(), EngineError> {
+    match &mut cfg.cluster {
+        Some(c) => resolve(c, &cfg.name, member_dir),
+        None => Ok(()),
+    }
+}
+
 /// Completes a joining member's cluster configuration from a running member; leaves a founding
 /// member's untouched.
 pub(crate) fn resolve(
