@@ -46,6 +46,7 @@ type member struct {
 	name, dir, url      string
 	peerPort, proxyPort int
 	cmd                 *exec.Cmd
+	joining             string        // --initial-cluster of a member added at run time
 	exited              chan struct{} // closed when the running process has been reaped
 	expectExit          bool          // set before the test stops or kills it
 	paused              bool
@@ -102,11 +103,15 @@ func (c *cluster) start(i int) {
 	m := c.members[i]
 	peer := fmt.Sprintf("http://127.0.0.1:%d", m.peerPort)
 	advertised := fmt.Sprintf("http://127.0.0.1:%d", m.proxyPort)
+	initial, state := c.initial, "new"
+	if m.joining != "" {
+		initial, state = m.joining, "existing"
+	}
 	args := append(append([]string{}, c.bin[1:]...),
 		"--name", m.name, "--data-dir", m.dir,
 		"--listen-client-urls", m.url, "--advertise-client-urls", m.url,
 		"--listen-peer-urls", peer, "--initial-advertise-peer-urls", advertised,
-		"--initial-cluster", c.initial, "--initial-cluster-state", "new",
+		"--initial-cluster", initial, "--initial-cluster-state", state,
 		"--initial-cluster-token", "fault-cluster",
 		"--heartbeat-interval", "50", "--election-timeout", "500",
 		// Compacting the log often makes a member that was down catch up by snapshot.

@@ -45,15 +45,22 @@ type proxy struct {
 func newProxy(t *testing.T, c *cluster) *proxy {
 	p := &proxy{t: t, c: c, blocked: map[[2]int]bool{}, links: map[*link]struct{}{}}
 	for j, m := range c.members {
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", m.proxyPort))
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.listeners = append(p.listeners, l)
-		p.wg.Add(1)
-		go p.serve(j, l)
+		p.listen(j, m.proxyPort)
 	}
 	return p
+}
+
+// listen forwards connections to proxyPort to member j (also for a member added later).
+func (p *proxy) listen(j, proxyPort int) {
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", proxyPort))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	p.mu.Lock()
+	p.listeners = append(p.listeners, l)
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go p.serve(j, l)
 }
 
 func pair(a, b int) [2]int {
@@ -97,10 +104,10 @@ func (p *proxy) heal() {
 }
 
 func (p *proxy) close() {
+	p.mu.Lock()
 	for _, l := range p.listeners {
 		l.Close()
 	}
-	p.mu.Lock()
 	for l := range p.links {
 		closeAll(l.conns)
 	}
@@ -157,7 +164,7 @@ func (p *proxy) handle(to int, conn net.Conn) {
 		return
 	}
 	p.mu.Unlock()
-	upstream, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.c.members[to].peerPort), time.Second)
+	upstream, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", p.c.member(to).peerPort), time.Second)
 	if err != nil {
 		conn.Close()
 		return

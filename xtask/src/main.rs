@@ -160,7 +160,10 @@ fn compat() -> Result<(), String> {
 /// The fault harness against real clusters (see `tests/cluster`). `env` adds to what it sets.
 fn cluster(env: &[(&str, &str)], go_args: &[&str]) -> Result<(), String> {
     // The planted-bug build first, kept aside, then the real one back in its place.
-    cargo(&["build", "--profile", PROFILE, "--quiet", "-p", "cairn", "--features", "planted-bugs"], &[])?;
+    cargo(
+        &["build", "--profile", PROFILE, "--quiet", "-p", "cairn", "--features", "planted-bugs"],
+        &[],
+    )?;
     let (bin, planted) = (release_bin("cairn")?, release_bin("cairn-planted")?);
     std::fs::copy(&bin, &planted).map_err(|e| format!("cannot keep the planted-bug build: {e}"))?;
     cargo(&["build", "--profile", PROFILE, "--quiet", "-p", "cairn"], &[])?;

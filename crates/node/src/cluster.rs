@@ -104,6 +104,55 @@ impl fmt::Display for ClusterError {
 
 impl std::error::Error for ClusterError {}
 
+/// Why a member started with `--initial-cluster-state existing` cannot join, in etcd's words
+/// (`GetClusterFromRemotePeers`, `ValidateClusterAndAssignIDs`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum JoinError {
+    /// No other member listed in `--initial-cluster` answered the members query.
+    Unreachable {
+        /// The peer URLs asked.
+        urls: Vec<String>,
+        /// Why the last one failed.
+        last: String,
+    },
+    /// `--initial-cluster` lists more or fewer members than the running cluster (this member
+    /// was not added with `member add`, or the flags are stale).
+    CountUnequal {
+        /// The running cluster, as a member listed it.
+        existing: String,
+    },
+    /// A running member's peer URLs match no member of `--initial-cluster`.
+    NoMatch {
+        /// The running cluster, as a member listed it.
+        existing: String,
+        /// The unmatched member.
+        id: u64,
+        /// Its peer URLs.
+        peer_urls: Vec<String>,
+    },
+}
+
+impl fmt::Display for JoinError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JoinError::Unreachable { urls, last } => write!(
+                f,
+                "cannot fetch cluster info from peer urls: could not retrieve cluster information from the given URLs ({}; last error: {last})",
+                urls.join(",")
+            ),
+            JoinError::CountUnequal { existing } => {
+                write!(f, "error validating peerURLs {existing}: member count is unequal")
+            }
+            JoinError::NoMatch { existing, id, peer_urls } => write!(
+                f,
+                "error validating peerURLs {existing}: PeerURLs: no match found for existing member ({id:x}, {peer_urls:?}), last resolver error (<nil>)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for JoinError {}
+
 impl ClusterConfig {
     /// The cluster etcd's flags describe, from this member's point of view. A name may appear
     /// several times in `initial_cluster`, once per URL, as in etcd.

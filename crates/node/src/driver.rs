@@ -220,6 +220,16 @@ impl Driver {
                 self.replica.handle_snapshot_report(to, status)
             }
             Input::Peer(PeerInput::Unreachable(to)) => self.replica.handle_unreachable(to),
+            // Only a member that applied the removal says so, so it is committed: this member
+            // missed it (cut off before it reached it) and stops as if it had applied it.
+            Input::Peer(PeerInput::Removed(by)) if !self.removed => {
+                tracing::error!(
+                    "the member has been permanently removed from the cluster (member {:016x} refused it)",
+                    by.0
+                );
+                self.removed = true;
+            }
+            Input::Peer(PeerInput::Removed(_)) => {}
             Input::Stop => return Ok(false),
         }
         Ok(true)
@@ -278,16 +288,9 @@ impl Driver {
         if let Some(t) = &mut self.transport {
             let mut peers = std::collections::BTreeMap::new();
             for id in conf.members().into_iter().filter(|id| *id != me) {
-                let mut addrs = Vec::new();
-                for url in self.replica.peer_urls(id.0) {
-                    match cairn_transport::url::resolve(&url) {
-                        Ok(a) => addrs.extend(a),
-                        Err(e) => tracing::warn!("member {:016x}: peer URL {url}: {e}", id.0),
-                    }
-                }
-                peers.insert(id, addrs);
+                peers.insert(id, self.replica.peer_urls(id.0));
             }
-            t.set_peers(peers);
+            t.set_peer_urls(peers);
         }
         let removed = !conf.members().contains(&me)
             && self.shared.store.member(me.0).is_some_and(|a| a.removed);

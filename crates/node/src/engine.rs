@@ -7,6 +7,7 @@ mod members;
 mod range;
 
 pub use lease::{KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive};
+pub(crate) use members::list as member_list;
 pub use members::{added_member_id, Member};
 pub use range::RangePlan;
 
@@ -128,13 +129,13 @@ fn start_peers(
     cfg: &EngineConfig,
     member: &Path,
     tx: mpsc::Sender<Input>,
-    metrics: &EngineMetrics,
+    shared: &Arc<Shared>,
     images: Arc<cairn_transport::OutgoingImages>,
 ) -> Result<Option<cairn_transport::Transport>, EngineError> {
     let Some(c) = &cfg.cluster else { return Ok(None) };
     let send_rate = cfg.snapshot_send_rate;
     let snap = crate::peers::Snapshots { dir: member.join("snap"), images, send_rate };
-    Ok(Some(crate::peers::start(c, tx, metrics.peers.clone(), snap)?))
+    Ok(Some(crate::peers::start(c, &cfg.name, tx, shared.clone(), snap)?))
 }
 
 type Images<'a> = (&'a Arc<Store<LmdbBackend>>, &'a Arc<cairn_transport::OutgoingImages>);
@@ -189,7 +190,7 @@ impl Engine {
     /// call it before the runtime starts or through the runtime's way to block (tokio's
     /// `spawn_blocking` or `block_in_place`). It fails with [`EngineError::Open`] when the
     /// directory is unusable or another engine holds it.
-    pub fn open(cfg: EngineConfig) -> Result<Engine, EngineError> {
+    pub fn open(mut cfg: EngineConfig) -> Result<Engine, EngineError> {
         let started = Instant::now();
         let member = cfg.data_dir.join("member");
         // The data directory first: tightening it also hides whatever an older version left
@@ -197,6 +198,7 @@ impl Engine {
         crate::datadir::create_private(&cfg.data_dir)?;
         crate::datadir::create_private(&member)?;
         let lock = crate::datadir::lock(&cfg.data_dir, &member)?;
+        crate::join::resolve_config(&mut cfg, &member)?;
         let identity = identity::open(&member, &cfg.name, cfg.cluster.as_ref(), now_micros())?;
         let (id, cluster_id) = (identity.member_id, identity.cluster_id);
         log_identity(&cfg, id, cluster_id);
@@ -228,7 +230,7 @@ impl Engine {
             reports.send(Input::Committer(r)).is_ok()
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
-        let transport = start_peers(&cfg, &member, tx.clone(), &metrics, images)?;
+        let transport = start_peers(&cfg, &member, tx.clone(), &shared, images)?;
         let mut driver = Driver::new(
             replica,
             committer,

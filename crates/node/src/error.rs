@@ -241,6 +241,8 @@ pub enum OpenError {
         /// Whether it is one to listen on (else one to dial).
         listen: bool,
     },
+    /// Joining a running cluster failed (`--initial-cluster-state existing`).
+    Join(crate::cluster::JoinError),
     /// A `--listen-peer-urls` address could not be bound.
     PeerListen {
         /// The URL.
@@ -392,6 +394,7 @@ impl fmt::Display for OpenError {
                 f,
                 "TLS key/cert (--peer-cert-file, --peer-key-file) must be provided for peer url {url} with HTTPS scheme"
             ),
+            OpenError::Join(e) => write!(f, "{e}"),
             OpenError::PeerListen { url, source } => {
                 write!(f, "cannot listen for peers on {url}: {source}")
             }
@@ -459,6 +462,7 @@ impl PartialEq for OpenError {
                 OpenError::PeerTlsMissing { url: a, listen: x },
                 OpenError::PeerTlsMissing { url: b, listen: y },
             ) => a == b && x == y,
+            (OpenError::Join(a), OpenError::Join(b)) => a == b,
             (OpenError::PeerListen { source: a, .. }, OpenError::PeerListen { source: b, .. }) => {
                 Arc::ptr_eq(a, b)
             }

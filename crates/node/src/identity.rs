@@ -67,6 +67,13 @@ pub(crate) fn open(
     Ok(identity)
 }
 
+/// The (member, cluster) ids a data directory already serves under, if it has both.
+pub(crate) fn stored(member_dir: &Path) -> Result<Option<(u64, u64)>, EngineError> {
+    let member = read_id(&member_dir.join("member_id"))?;
+    let cluster = read_id(&member_dir.join("cluster_id"))?;
+    Ok(member.zip(cluster))
+}
+
 /// A member started without cluster flags gets an id from its name and the time of creation,
 /// so such members of different one-member clusters do not collide.
 fn fresh_member_id(name: &str, now_micros: u64) -> u64 {

@@ -53,6 +53,7 @@ mod engine;
 mod error;
 mod identity;
 mod ids;
+mod join;
 mod lease_clock;
 pub mod metrics;
 mod peers;

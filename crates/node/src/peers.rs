@@ -4,39 +4,81 @@
 use std::sync::{mpsc, Arc};
 
 use cairn_raft::{Message, NodeId, SnapshotStatus};
-use cairn_transport::url::{host, is_tls, listen_addr, resolve, UrlError};
+use cairn_transport::url::{is_tls, listen_addr};
 use cairn_transport::{
-    ClientTls, Listener, PeerAddr, ServerName, ServerTls, Sink, Transport, TransportConfig,
+    ClientTls, Listener, PeerUrlError, ServerTls, Sink, Transport, TransportConfig,
 };
 
-use crate::cluster::ClusterConfig;
+use cairn_transport::members::{RemoteCluster, RemoteMember};
+
+use crate::cluster::{ClusterConfig, MemberSpec};
 use crate::driver::Input;
 use crate::error::{EngineError, OpenError};
+use crate::shared::Shared;
 
 /// What the transport hands the driver.
 #[derive(Debug)]
 pub(crate) enum PeerInput {
     Message(Message),
-    SnapshotSent { to: NodeId, status: SnapshotStatus },
+    SnapshotSent {
+        to: NodeId,
+        status: SnapshotStatus,
+    },
     Unreachable(NodeId),
+    /// A peer refused this member as removed from the cluster.
+    Removed(NodeId),
 }
 
 /// The transport's sink: the driver's input queue. Sending never blocks; a driver that has
-/// stopped drops what arrives.
-struct DriverSink(mpsc::Sender<Input>);
+/// stopped drops what arrives. It also answers a joining member's members query from the
+/// applied membership.
+struct DriverSink {
+    tx: mpsc::Sender<Input>,
+    shared: Arc<Shared>,
+    flags: Vec<MemberSpec>,
+    name: String,
+}
 
 impl Sink for DriverSink {
     fn message(&self, msg: Message) {
-        let _ = self.0.send(Input::Peer(PeerInput::Message(msg)));
+        let _ = self.tx.send(Input::Peer(PeerInput::Message(msg)));
     }
 
     fn snapshot_sent(&self, to: NodeId, delivered: bool) {
         let status = if delivered { SnapshotStatus::Finished } else { SnapshotStatus::Failed };
-        let _ = self.0.send(Input::Peer(PeerInput::SnapshotSent { to, status }));
+        let _ = self.tx.send(Input::Peer(PeerInput::SnapshotSent { to, status }));
     }
 
     fn unreachable(&self, to: NodeId) {
-        let _ = self.0.send(Input::Peer(PeerInput::Unreachable(to)));
+        let _ = self.tx.send(Input::Peer(PeerInput::Unreachable(to)));
+    }
+
+    fn is_removed(&self, id: NodeId) -> bool {
+        self.shared.store.member(id.0).is_some_and(|a| a.removed)
+    }
+
+    fn removed(&self, by: NodeId) {
+        let _ = self.tx.send(Input::Peer(PeerInput::Removed(by)));
+    }
+
+    /// A member that knows no membership yet (joining, before its first snapshot) has none to
+    /// give: the caller asks another.
+    fn members(&self) -> Option<RemoteCluster> {
+        let list = crate::engine::member_list(&self.shared, &self.flags, &self.name);
+        if list.is_empty() {
+            return None;
+        }
+        let members = list
+            .into_iter()
+            .map(|m| RemoteMember {
+                id: m.id,
+                name: m.name,
+                peer_urls: m.peer_urls,
+                client_urls: m.client_urls,
+                is_learner: m.is_learner,
+            })
+            .collect();
+        Some(RemoteCluster { cluster_id: self.shared.cluster_id, members })
     }
 }
 
@@ -50,10 +92,12 @@ pub(crate) struct Snapshots {
 /// Binds the peer listeners and starts dialing every other member.
 pub(crate) fn start(
     cluster: &ClusterConfig,
+    name: &str,
     tx: mpsc::Sender<Input>,
-    traffic: Arc<cairn_transport::PeerTraffic>,
+    shared: Arc<Shared>,
     snap: Snapshots,
 ) -> Result<Transport, EngineError> {
+    let traffic = shared.metrics.peers.clone();
     let open = |e| EngineError::Open(e);
     let mut cfg = TransportConfig::new(cluster.cluster_id, NodeId(cluster.local_id));
     (cfg.snapshot_dir, cfg.images) = (Some(snap.dir), Some(snap.images));
@@ -71,21 +115,22 @@ pub(crate) fn start(
     for member in cluster.peers() {
         let mut addrs = Vec::new();
         for url in &member.peer_urls {
-            let tls = match &client_tls {
-                Some(tls) if is_tls(url) => {
-                    let host = host(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
-                    let name = ServerName::try_from(host.to_string())
-                        .map_err(|_| open(OpenError::PeerUrl(UrlError::Malformed(url.clone()))))?;
-                    Some((name, tls.clone()))
-                }
-                _ => None,
-            };
-            let resolved = resolve(url).map_err(|e| open(OpenError::PeerUrl(e)))?;
-            addrs.extend(resolved.into_iter().map(|addr| PeerAddr { addr, tls: tls.clone() }));
+            let resolved = cairn_transport::peer_addrs(url, client_tls.as_ref());
+            addrs.extend(resolved.map_err(|e| open(peer_url_error(e)))?);
         }
         cfg.peers.insert(NodeId(member.id), addrs);
     }
-    Transport::start(cfg, Arc::new(DriverSink(tx))).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
+    cfg.client_tls = client_tls;
+    let flags = cluster.members.clone();
+    let sink = DriverSink { tx, shared, flags, name: name.to_string() };
+    Transport::start(cfg, Arc::new(sink)).map_err(|e| open(OpenError::Spawn(Arc::new(e))))
+}
+
+fn peer_url_error(e: PeerUrlError) -> OpenError {
+    match e {
+        PeerUrlError::Url(e) => OpenError::PeerUrl(e),
+        PeerUrlError::TlsMissing(url) => OpenError::PeerTlsMissing { url, listen: false },
+    }
 }
 
 type PeerTls = (Option<Arc<ServerTls>>, Option<Arc<ClientTls>>);
@@ -108,7 +153,9 @@ fn peer_tls(cluster: &ClusterConfig) -> Result<PeerTls, OpenError> {
         Some(_) => Some(Arc::new(ServerTls::new(files.clone(), &[]).map_err(OpenError::PeerTls)?)),
         None => None,
     };
-    let client = match dial {
+    // A member that listens on TLS dials with it too, members added at run time included
+    // (a cluster founded alone has no peer URL to dial yet).
+    let client = match dial.or(listen) {
         Some(_) => Some(Arc::new(ClientTls::new(files.clone()).map_err(OpenError::PeerTls)?)),
         None => None,
     };

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_kv::*;
-use cairn_node::cluster::{ClusterConfig, ClusterState, MemberSpec};
+use cairn_node::cluster::{ClusterConfig, ClusterState, JoinError, MemberSpec};
 use cairn_node::metrics::EngineMetrics;
 use cairn_node::{Engine, EngineConfig, EngineError, MembershipError, OpenError};
 
@@ -537,4 +537,98 @@ async fn a_learner_joins_catches_up_by_snapshot_is_promoted_and_removed() {
     assert!(eng(&new).get("k00").await.is_err(), "a removed member serves nothing");
     assert_eq!(eng(&ms[0]).member_list().len(), 1);
     put_retrying(eng(&ms[0]), "after", "1").await;
+}
+
+/// A member configured from etcd's flags alone, as `cairn serve --initial-cluster-state
+/// existing` configures it after `member add`: every member of `ms` and itself at `url`.
+fn flags_joiner(ms: &[Member], tag: &str, url: &str) -> Member {
+    let name = format!("m{}", ms.len());
+    let mut initial: Vec<String> = ms
+        .iter()
+        .flat_map(|m| {
+            let c = m.cfg.cluster.as_ref().expect("a cluster");
+            let me = c.members.iter().find(|s| s.id == c.local_id).expect("listed");
+            me.peer_urls.iter().map(|u| format!("{}={u}", m.name)).collect::<Vec<_>>()
+        })
+        .collect();
+    initial.push(format!("{name}={url}"));
+    let mut cfg = ms[0].cfg.clone();
+    cfg.name.clone_from(&name);
+    cfg.data_dir = temp_dir(tag).join(&name);
+    let adv = vec![url.to_string()];
+    let c = ClusterConfig::from_flags(
+        &name,
+        &initial.join(","),
+        tag,
+        &adv,
+        &adv,
+        ClusterState::Existing,
+    );
+    cfg.cluster = Some(c.expect("flags"));
+    Member { name, cfg, engine: None }
+}
+
+fn open_error(cfg: &EngineConfig) -> OpenError {
+    match Engine::open(cfg.clone()) {
+        Err(EngineError::Open(e)) => e,
+        Ok(_) => panic!("opened"),
+        Err(e) => panic!("expected an open error, got {e:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_joins_from_its_flags_alone_and_wrong_flags_or_directories_are_refused() {
+    let mut ms = configs("flags-join", 1, 10_000);
+    start(&mut ms[0]);
+    leader(&ms);
+    put_retrying(eng(&ms[0]), "k", "v").await;
+    let url = format!("http://127.0.0.1:{}", free_ports(1)[0]);
+    let new = flags_joiner(&ms, "flags-join-new", &url);
+    // Before `member add`, the running cluster does not list it.
+    let e = open_error(&new.cfg);
+    assert!(matches!(e, OpenError::Join(JoinError::CountUnequal { .. })), "{e}");
+    let added = eng(&ms[0]).member_add(vec![url.clone()], true).await.expect("add");
+    let mut new = flags_joiner(&ms, "flags-join-new", &url);
+    start(&mut new);
+    let (cluster_id, _) = eng(&ms[0]).identity();
+    assert_eq!(eng(&new).identity(), (cluster_id, added.id), "the ids the running member gave");
+    let rev = eng(&ms[0]).status().revision;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while eng(&new).status().revision < rev {
+        assert!(Instant::now() < deadline, "the joined member never caught up");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A restart keeps its identity with the same flags.
+    stop(&mut new);
+    start(&mut new);
+    assert_eq!(eng(&new).identity(), (cluster_id, added.id));
+    stop(&mut new);
+    // A directory made for another cluster is refused once a running member names its own.
+    let path = new.cfg.data_dir.join("member").join("cluster_id");
+    std::fs::write(&path, format!("{:016x}\n", cluster_id ^ 1)).expect("rewrite the cluster id");
+    let e = open_error(&new.cfg);
+    assert!(matches!(e, OpenError::OtherCluster { expected, .. } if expected == cluster_id), "{e}");
+}
+
+/// A member cut off before its removal reached it (stopped here) never applies it: the leader
+/// no longer sends it anything. Back up, it calls its peers, which refuse it as removed, and it
+/// stops as if it had applied its removal (etcd's `ErrMemberRemoved`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_missed_its_removal_stops_when_a_peer_says_so() {
+    let mut ms = configs("missed-removal", 3, 10_000);
+    ms.iter_mut().for_each(start);
+    let l = leader(&ms);
+    let f = (l + 1) % 3;
+    put_retrying(eng(&ms[l]), "before", "1").await;
+    let id = eng(&ms[f]).identity().1;
+    stop(&mut ms[f]);
+    eng(&ms[l]).member_remove(id).await.expect("remove the stopped member");
+    start(&mut ms[f]);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !eng(&ms[f]).is_removed() {
+        assert!(Instant::now() < deadline, "the removed member kept running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(eng(&ms[f]).get("before").await.is_err(), "a removed member serves nothing");
+    put_retrying(eng(&ms[l]), "after", "1").await;
 }

@@ -86,3 +86,48 @@ async fn a_cluster_over_peer_mutual_tls_replicates_and_refuses_a_stranger() {
     engines.iter().for_each(Engine::stop);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// A member of a cluster founded alone over peer TLS, then one added at run time with an
+/// `https://` peer URL: it joins from its flags (asking for the membership over TLS), and the
+/// leader dials it through TLS too, so it catches up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_added_at_run_time_is_dialed_with_peer_tls() {
+    let dir = pki::dir("peer-tls-join");
+    let ca = pki::Ca::new(&dir, "peer");
+    let ports: Vec<std::net::TcpListener> =
+        (0..2).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("bind")).collect();
+    let urls: Vec<String> = ports
+        .iter()
+        .map(|l| format!("https://127.0.0.1:{}", l.local_addr().expect("addr").port()))
+        .collect();
+    drop(ports);
+    let config = |name: &str, initial: &str, url: &str, state| {
+        let mut cfg = EngineConfig::new(name, dir.join(name));
+        cfg.tick_interval = Duration::from_millis(20);
+        cfg.request_timeout = Duration::from_secs(5);
+        let url = vec![url.to_string()];
+        let mut c =
+            ClusterConfig::from_flags(name, initial, "tls-join", &url, &url, state).expect("flags");
+        c.peer_tls = Some(ca.files(name, name, true));
+        cfg.cluster = Some(c);
+        cfg
+    };
+    let first = format!("m0={}", urls[0]);
+    let m0 = Engine::open(config("m0", &first, &urls[0], ClusterState::New)).expect("m0 opens");
+    assert!(agreed_leader(&[&m0], Duration::from_secs(10)).is_some(), "m0 elects itself");
+    let req = PutRequest { key: Bytes::from("k"), value: Bytes::from("v"), ..Default::default() };
+    m0.put(req).await.expect("a put");
+    let added = m0.member_add(vec![urls[1].clone()], true).await.expect("add a learner");
+    let both = format!("{first},m1={}", urls[1]);
+    let m1 = Engine::open(config("m1", &both, &urls[1], ClusterState::Existing))
+        .expect("m1 joins over TLS");
+    assert_eq!(m1.identity(), (m0.identity().0, added.id));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while m1.status().revision < m0.status().revision {
+        assert!(Instant::now() < deadline, "the leader never reached the added member");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    m0.stop();
+    m1.stop();
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -285,7 +285,7 @@ impl Raft {
         }
     }
 
-    fn send_timeout_now(&mut self, to: NodeId) {
+    pub(crate) fn send_timeout_now(&mut self, to: NodeId) {
         // The target will campaign past the followers' lease check, so this leader's lease can no
         // longer be trusted for the rest of the term.
         self.lease_forfeited = true;

@@ -167,7 +167,10 @@ impl Raft {
         // The lease was earned from a quorum of the old configuration; earn it again.
         self.reads.revoke_lease();
         if !self.tracker.is_voter(self.id) {
-            // Removed or demoted: a leader outside the configuration steps down.
+            // Removed or demoted: a leader outside the configuration steps down, first handing
+            // leadership to the voter left with the most complete log, so the cluster does not
+            // wait an election timeout for its next leader.
+            self.hand_off_before_leaving();
             self.become_follower(self.term, None);
             return;
         }
@@ -183,6 +186,21 @@ impl Raft {
         // quorum may commit more.
         self.maybe_commit();
         self.needs_bcast = true;
+    }
+
+    /// A leader leaving the configuration tells the voter with its whole log to campaign at
+    /// once (thesis §3.10's TimeoutNow). A voter behind it would lose that election, so then
+    /// the cluster elects as usual.
+    fn hand_off_before_leaving(&mut self) {
+        let last = self.log.last_index();
+        let me = self.id;
+        let target =
+            self.tracker.conf().voters.iter().copied().find(|v| {
+                *v != me && self.tracker.progress(*v).is_some_and(|p| p.matched() == last)
+            });
+        if let Some(target) = target {
+            self.send_timeout_now(target);
+        }
     }
 
     fn flush(&mut self) {

@@ -129,3 +129,27 @@ fn a_heartbeat_beyond_the_log_reports_a_lost_log() {
     assert!(answered.is_empty(), "answered {answered:?}");
     assert_eq!(n.raft.commit_index(), LogIndex(0));
 }
+
+/// A leader that removes itself hands leadership to the voter left with its whole log as its
+/// removal applies: the cluster has a leader again without a single tick (it used to wait out
+/// an election timeout).
+#[test]
+fn a_leader_removing_itself_hands_leadership_over_without_an_election_timeout() {
+    use cairn_raft::{ConfChange, ConfChangeSingle};
+    let mut c = Cluster::new(&[1, 2, 3], cfg);
+    c.elect(1);
+    c.raft(1).propose(Bytes::from_static(b"a")).unwrap();
+    c.stabilize();
+    let cc =
+        ConfChange { changes: vec![ConfChangeSingle::Remove(NodeId(1))], ..ConfChange::default() };
+    c.raft(1).propose_conf_change(cc).unwrap();
+    c.stabilize();
+    assert_ne!(c.node(1).raft.role(), Role::Leader, "the removed leader stepped down");
+    let leader = c.leader().expect("a leader with no tick");
+    assert!(leader == NodeId(2) || leader == NodeId(3), "{leader:?}");
+    c.raft(leader.0).propose(Bytes::from_static(b"b")).unwrap();
+    c.stabilize();
+    for id in 2..=3 {
+        assert_eq!(c.node(id).state.data.last(), Some(&Bytes::from_static(b"b")));
+    }
+}

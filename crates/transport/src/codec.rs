@@ -4,7 +4,8 @@
 //! A connection opens with a Hello of [`HELLO_LEN`] bytes, fixed width and little-endian, so the
 //! acceptor can read it in one exact read before it trusts anything:
 //! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot in one frame, 2 snapshot
-//! in chunks) | cluster_id u64 | from u64 | to u64`. Later versions must keep magic and version first, so that this one can name them.
+//! in chunks, 3 members query) | cluster_id u64 | from u64 | to u64`. Later versions must keep
+//! magic and version first, so that this one can name them.
 //!
 //! Everything after it travels in frames: `len u32 | crc32c(payload) u32 | payload`, both
 //! little-endian. A reader checks `len` against its limit before it allocates, and the checksum
@@ -71,6 +72,8 @@ pub enum StreamKind {
     Snapshot,
     /// One snapshot in chunks, resumable ([`SnapFrame`]).
     SnapshotStream,
+    /// A joining member asks for the membership ([`crate::members`]).
+    Members,
 }
 
 /// One frame of a chunked snapshot stream.
@@ -193,6 +196,7 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) {
         StreamKind::Messages => 0,
         StreamKind::Snapshot => 1,
         StreamKind::SnapshotStream => 2,
+        StreamKind::Members => 3,
     });
     out.extend_from_slice(&h.cluster_id.to_le_bytes());
     out.extend_from_slice(&h.from.0.to_le_bytes());
@@ -213,6 +217,7 @@ pub fn decode_hello(buf: &[u8; HELLO_LEN]) -> Result<Hello, DecodeError> {
         0 => StreamKind::Messages,
         1 => StreamKind::Snapshot,
         2 => StreamKind::SnapshotStream,
+        3 => StreamKind::Members,
         tag => return Err(DecodeError::UnknownTag { what: "stream kind", tag }),
     };
     let u64_at = |at: usize| {

@@ -149,6 +149,10 @@ impl Acceptor {
                 return Err(e.into());
             }
         };
+        // A joining member knows neither its id nor the cluster's yet: that is what it asks.
+        if hello.kind == StreamKind::Members {
+            return Ok(crate::members::serve(&mut conn, &*self.sink).await?);
+        }
         if let Err(why) = self.check(&hello) {
             let _ = reply(&mut conn, Err(&why)).await;
             return Err(InboundError::Refused(why));
@@ -158,6 +162,7 @@ impl Acceptor {
             StreamKind::Messages => self.messages(conn, hello.from).await,
             StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
             StreamKind::SnapshotStream => self.snapshot_stream(conn, hello.from).await,
+            StreamKind::Members => Ok(()),
         }
     }
 
@@ -177,6 +182,10 @@ impl Acceptor {
             ));
         }
         if !self.known.read().unwrap_or_else(|e| e.into_inner()).contains(&h.from) {
+            if self.sink.is_removed(h.from) {
+                let from = hex(h.from);
+                return Err(format!("{}: member {from} of cluster {ours:x}", crate::REMOVED));
+            }
             return Err(format!("member {} is not in cluster {ours:x}", hex(h.from)));
         }
         Ok(())

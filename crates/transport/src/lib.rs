@@ -28,6 +28,7 @@
 pub mod codec;
 pub mod images;
 mod inbound;
+pub mod members;
 mod outbound;
 mod stream_in;
 mod stream_out;
@@ -55,7 +56,25 @@ pub trait Sink: Send + Sync + 'static {
     fn snapshot_sent(&self, to: NodeId, delivered: bool);
     /// Messages to `to` were dropped: it is down, or its queue is full.
     fn unreachable(&self, to: NodeId);
+    /// The membership, for a member asking to join ([`members`]); `None` refuses the query.
+    fn members(&self) -> Option<members::RemoteCluster> {
+        None
+    }
+    /// Whether `id` was removed from the cluster (its calls are then refused with
+    /// [`REMOVED`], so it learns it even if it never applied its removal).
+    fn is_removed(&self, id: NodeId) -> bool {
+        let _ = id;
+        false
+    }
+    /// Peer `by` refused this member as removed from the cluster.
+    fn removed(&self, by: NodeId) {
+        let _ = by;
+    }
 }
+
+/// How a member refuses a call from a member removed from the cluster (etcd's words for
+/// `ErrMemberRemoved`); the caller that reads it stops.
+pub const REMOVED: &str = "the member has been permanently removed from the cluster";
 
 /// A socket to accept peers on, with the TLS its URL asks for (`https://`).
 #[derive(Debug)]
@@ -116,6 +135,52 @@ pub struct TransportConfig {
     pub snapshot_send_rate: u64,
     /// Where snapshot transfers from this member are counted.
     pub snapshot_stats: Arc<SnapshotStats>,
+    /// The peer TLS to dial `https://` peer URLs of members added at run time with
+    /// ([`Transport::set_peer_urls`]); those named at start carry theirs in [`Self::peers`].
+    pub client_tls: Option<Arc<ClientTls>>,
+}
+
+/// Why a peer URL cannot be dialed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PeerUrlError {
+    /// The URL is malformed or does not resolve.
+    Url(url::UrlError),
+    /// An `https://` URL, and no peer TLS to dial it with.
+    TlsMissing(String),
+}
+
+impl std::fmt::Display for PeerUrlError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PeerUrlError::Url(e) => write!(f, "{e}"),
+            PeerUrlError::TlsMissing(url) => write!(
+                f,
+                "TLS key/cert (--peer-cert-file, --peer-key-file) must be provided for peer url {url} with HTTPS scheme"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for PeerUrlError {}
+
+/// The addresses a peer URL resolves to, each with the TLS an `https://` URL asks for: the
+/// peer's certificate must name the URL's host.
+pub fn peer_addrs(
+    peer_url: &str,
+    tls: Option<&Arc<ClientTls>>,
+) -> Result<Vec<PeerAddr>, PeerUrlError> {
+    let tls = match (url::is_tls(peer_url), tls) {
+        (false, _) => None,
+        (true, None) => return Err(PeerUrlError::TlsMissing(peer_url.to_string())),
+        (true, Some(tls)) => {
+            let host = url::host(peer_url).map_err(PeerUrlError::Url)?;
+            let name = ServerName::try_from(host.to_string())
+                .map_err(|_| PeerUrlError::Url(url::UrlError::Malformed(peer_url.to_string())))?;
+            Some((name, tls.clone()))
+        }
+    };
+    let resolved = url::resolve(peer_url).map_err(PeerUrlError::Url)?;
+    Ok(resolved.into_iter().map(|addr| PeerAddr { addr, tls: tls.clone() }).collect())
 }
 
 /// Bytes sent to and received from each peer, as frames are written and read (etcd's
@@ -170,6 +235,7 @@ impl TransportConfig {
             images: None,
             snapshot_send_rate: 0,
             snapshot_stats: Arc::default(),
+            client_tls: None,
         }
     }
 }
@@ -179,11 +245,12 @@ pub struct Transport {
     runtime: Option<Runtime>,
     peers: BTreeMap<NodeId, outbound::Peer>,
     /// Where each peer was dialed, to tell a moved peer from an unchanged one.
-    addrs: BTreeMap<NodeId, Vec<SocketAddr>>,
+    addrs: BTreeMap<NodeId, Vec<PeerAddr>>,
     snapshots: outbound::Snapshots,
     known: Arc<RwLock<BTreeSet<NodeId>>>,
     link: outbound::Link,
     queue_len: usize,
+    client_tls: Option<Arc<ClientTls>>,
 }
 
 impl std::fmt::Debug for Transport {
@@ -233,26 +300,46 @@ impl Transport {
         snapshots.images = cfg.images.clone();
         snapshots.rate = cfg.snapshot_send_rate;
         snapshots.stats = cfg.snapshot_stats.clone();
-        let queue_len = cfg.queue_len;
-        let addrs =
-            cfg.peers.into_iter().map(|(id, a)| (id, a.iter().map(|p| p.addr).collect())).collect();
-        Ok(Transport { runtime: Some(runtime), peers, addrs, snapshots, known, link, queue_len })
+        let (queue_len, client_tls) = (cfg.queue_len, cfg.client_tls);
+        let addrs = cfg.peers;
+        let runtime = Some(runtime);
+        Ok(Transport { runtime, peers, addrs, snapshots, known, link, queue_len, client_tls })
     }
 
-    /// The membership changed: dial members added (or moved to other addresses), drop those
-    /// removed, and accept calls only from the members in `peers`.
-    pub fn set_peers(&mut self, peers: BTreeMap<NodeId, Vec<SocketAddr>>) {
+    /// The membership changed: dial members added (or moved to other URLs) at their peer URLs,
+    /// through TLS for `https://` ones, drop those removed, and accept calls only from the
+    /// members in `peers`. A URL that cannot be dialed is logged and skipped.
+    pub fn set_peer_urls(&mut self, peers: BTreeMap<NodeId, Vec<String>>) {
+        let mut dialed = BTreeMap::new();
+        for (id, urls) in peers {
+            let mut addrs = Vec::new();
+            for u in &urls {
+                match peer_addrs(u, self.client_tls.as_ref()) {
+                    Ok(a) => addrs.extend(a),
+                    Err(e) => tracing::warn!(peer = %outbound::hex(id), "peer URL {u}: {e}"),
+                }
+            }
+            dialed.insert(id, addrs);
+        }
+        self.set_peers(dialed);
+    }
+
+    /// [`Transport::set_peer_urls`] with the addresses already resolved.
+    pub fn set_peers(&mut self, peers: BTreeMap<NodeId, Vec<PeerAddr>>) {
         let Some(rt) = &self.runtime else { return };
-        self.peers.retain(|id, _| peers.get(id) == self.addrs.get(id));
-        self.snapshots.addrs.retain(|id, _| peers.get(id) == self.addrs.get(id));
+        let same = |a: Option<&Vec<PeerAddr>>, b: Option<&Vec<PeerAddr>>| match (a, b) {
+            (Some(a), Some(b)) => a.iter().map(dial_key).eq(b.iter().map(dial_key)),
+            _ => false,
+        };
+        self.peers.retain(|id, _| same(peers.get(id), self.addrs.get(id)));
+        self.snapshots.addrs.retain(|id, _| same(peers.get(id), self.addrs.get(id)));
         for (id, addrs) in &peers {
             if !self.peers.contains_key(id) {
-                tracing::info!(peer = %outbound::hex(*id), ?addrs, "dialing a new or moved peer");
-                // Members added at run time are dialed in plain TCP: TLS for them needs their
-                // URLs' host names, which the membership does not hand over yet.
-                let plain: Vec<PeerAddr> = addrs.iter().copied().map(PeerAddr::from).collect();
-                self.snapshots.addrs.insert(*id, plain.clone());
-                let peer = outbound::Peer::spawn(rt, &self.link, *id, plain, self.queue_len);
+                let at: Vec<_> = addrs.iter().map(dial_key).collect();
+                tracing::info!(peer = %outbound::hex(*id), ?at, "dialing a new or moved peer");
+                self.snapshots.addrs.insert(*id, addrs.clone());
+                let peer =
+                    outbound::Peer::spawn(rt, &self.link, *id, addrs.clone(), self.queue_len);
                 self.peers.insert(*id, peer);
             }
         }
@@ -271,6 +358,12 @@ impl Transport {
             }
         }
     }
+}
+
+/// What tells one way of dialing a peer from another: the address, and the name its
+/// certificate must hold (none for plain TCP).
+fn dial_key(p: &PeerAddr) -> (SocketAddr, Option<String>) {
+    (p.addr, p.tls.as_ref().map(|(name, _)| name.to_str().into_owned()))
 }
 
 impl Drop for Transport {

@@ -169,6 +169,9 @@ impl Writer {
                     }
                 }
                 Err(e) => {
+                    if matches!(&e, DialError::Refused(why) if why.starts_with(crate::REMOVED)) {
+                        self.link.sink.removed(self.to);
+                    }
                     if !down {
                         tracing::warn!(peer = %hex(self.to), "cannot reach peer: {e}");
                     }

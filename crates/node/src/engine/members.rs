@@ -48,35 +48,45 @@ fn check_urls(urls: &[String]) -> Result<(), EngineError> {
     }
 }
 
+/// Every member of the applied configuration, by id: what the store recorded of each, with the
+/// flags' peer URLs for a founding member of a log that predates recorded URLs, and this
+/// member's own name before it published it.
+pub(crate) fn list(
+    shared: &crate::shared::Shared,
+    flags: &[crate::cluster::MemberSpec],
+    own_name: &str,
+) -> Vec<Member> {
+    let conf = shared.conf.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let published = shared.store.members();
+    let learners: Vec<NodeId> = conf.learners.iter().chain(&conf.learners_next).copied().collect();
+    conf.members()
+        .into_iter()
+        .map(|id| {
+            let a = published.get(&id.0).cloned().unwrap_or_default();
+            let flag = flags.iter().find(|m| m.id == id.0);
+            let mut m = Member {
+                id: id.0,
+                name: a.name,
+                peer_urls: a.peer_urls,
+                client_urls: a.client_urls,
+                is_learner: learners.contains(&id),
+            };
+            if m.peer_urls.is_empty() {
+                m.peer_urls = flag.map(|f| f.peer_urls.clone()).unwrap_or_default();
+            }
+            if m.name.is_empty() && id.0 == shared.member_id {
+                m.name = own_name.to_string();
+            }
+            m
+        })
+        .collect()
+}
+
 impl Engine {
     /// Every member of the applied configuration, by id (as etcd lists them).
     pub fn member_list(&self) -> Vec<Member> {
-        let conf = self.shared.conf.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let published = self.shared.store.members();
         let flags = self.cfg.cluster.as_ref().map(|c| c.members.as_slice()).unwrap_or_default();
-        let learners: Vec<NodeId> =
-            conf.learners.iter().chain(&conf.learners_next).copied().collect();
-        conf.members()
-            .into_iter()
-            .map(|id| {
-                let a = published.get(&id.0).cloned().unwrap_or_default();
-                let flag = flags.iter().find(|m| m.id == id.0);
-                let mut m = Member {
-                    id: id.0,
-                    name: a.name,
-                    peer_urls: a.peer_urls,
-                    client_urls: a.client_urls,
-                    is_learner: learners.contains(&id),
-                };
-                if m.peer_urls.is_empty() {
-                    m.peer_urls = flag.map(|f| f.peer_urls.clone()).unwrap_or_default();
-                }
-                if m.name.is_empty() && id.0 == self.shared.member_id {
-                    m.name.clone_from(&self.cfg.name);
-                }
-                m
-            })
-            .collect()
+        list(&self.shared, flags, &self.cfg.name)
     }
 
     /// This member was removed from the cluster and stopped serving for good.
