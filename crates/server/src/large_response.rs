@@ -11,7 +11,8 @@
 //! 5-byte prefix, then the message) in chunks of about [`CHUNK_BYTES`]. The service answers with
 //! an empty placeholder message and the chunks in the response's extensions;
 //! [`send_encoded`], a layer outside tonic, sends the chunks in the placeholder's stead and
-//! then tonic's trailers (its status). The runtime's thread only hands the chunks to the
+//! then tonic's trailers (its status). The answer's charge against the range budget
+//! (range_budget.rs) rides with the chunks and is returned when the connection drops the body. The runtime's thread only hands the chunks to the
 //! connection. The wire bytes are what tonic would send for the same message; the fields are in
 //! the order 1, 2, 3, 4 as prost writes them.
 
@@ -29,6 +30,7 @@ use prost::Message;
 use tonic::Status;
 
 use crate::convert::Header;
+use crate::range_budget::Charge;
 
 /// Bytes of one chunk handed to the connection (one key's record may make a chunk larger).
 const CHUNK_BYTES: usize = 1 << 20;
@@ -41,6 +43,14 @@ const KVS_FIELD: u32 = 2;
 #[derive(Debug, Clone)]
 pub struct Encoded {
     chunks: Vec<Bytes>,
+    charge: Option<Charge>,
+}
+
+impl Encoded {
+    /// Keeps `charge` until the connection has sent these bytes.
+    pub fn holding(self, charge: Charge) -> Encoded {
+        Encoded { charge: Some(charge), ..self }
+    }
 }
 
 /// Encodes the answer `r` as [`Encoded`] chunks: the bytes tonic would send for
@@ -79,7 +89,7 @@ pub fn encode_range(header: &Header, r: kv::RangeResponse) -> Result<Encoded, St
     }
     buf.put_slice(&tail);
     chunks.push(buf.freeze());
-    Ok(Encoded { chunks })
+    Ok(Encoded { chunks, charge: None })
 }
 
 /// Bytes one element of a repeated message field takes: its key, its length, the message.
@@ -134,18 +144,19 @@ fn kv_ints(kv: &kv::KeyValue) -> [(u32, i64); 4] {
 /// of the (placeholder) message tonic encoded, then tonic's trailers.
 pub fn send_encoded(mut resp: axum::response::Response) -> axum::response::Response {
     match resp.extensions_mut().remove::<Encoded>() {
-        Some(encoded) => resp.map(|placeholder| {
-            Body::new(Preencoded { chunks: encoded.chunks.into(), placeholder })
+        Some(Encoded { chunks, charge }) => resp.map(|placeholder| {
+            Body::new(Preencoded { chunks: chunks.into(), placeholder, _charge: charge })
         }),
         None => resp,
     }
 }
 
 /// A body that sends pre-encoded chunks, then the trailers of the body it replaces (whose data,
-/// the placeholder message, it drops).
+/// the placeholder message, it drops), and holds the answer's charge until it is dropped.
 struct Preencoded {
     chunks: VecDeque<Bytes>,
     placeholder: Body,
+    _charge: Option<Charge>,
 }
 
 impl http_body::Body for Preencoded {
@@ -274,6 +285,22 @@ mod tests {
         let (data, sent_trailers) = collect(resp.into_body()).await;
         assert_eq!(sent_trailers, Some(trailers), "tonic's status follows the message");
         assert!(data == want, "the chunks are sent, the placeholder's bytes are not");
+    }
+
+    #[tokio::test]
+    async fn the_charge_lasts_as_long_as_the_body_that_holds_it() {
+        use crate::range_budget::{RangeBudget, MAX_WAIT, UNIT};
+        let budget = RangeBudget::new(10 * UNIT);
+        let charge = budget.charge(3 * UNIT, MAX_WAIT).await.expect("fits");
+        let encoded = encode_range(&HEADER, response(3, 10)).expect("encodes").holding(charge);
+        let want = encoded.chunks.concat();
+        let mut resp = axum::response::Response::new(Body::from("placeholder"));
+        resp.extensions_mut().insert(encoded);
+        let resp = send_encoded(resp);
+        assert_eq!(budget.available(), 7 * UNIT, "held by the body");
+        let (data, _) = collect(resp.into_body()).await;
+        assert!(data == want);
+        assert_eq!(budget.available(), 10 * UNIT, "returned once the body is done");
     }
 
     #[test]

@@ -260,8 +260,7 @@ pub async fn serve(
                 req.map(|body| grpc_limit::limit(body, max_decode))
             },
         ))
-        .layer(tower::util::MapResponseLayer::new(large_response::send_encoded))
-        .layer(tower::util::MapResponseLayer::new(range_budget::hold_until_sent));
+        .layer(tower::util::MapResponseLayer::new(large_response::send_encoded));
     let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
     let mut metrics_listeners = Vec::new();
     for url in &cfg.listen_metrics_urls {

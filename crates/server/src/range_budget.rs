@@ -4,9 +4,9 @@
 //! each at once hold four copies, and more clients hold more, until the process is killed. Here
 //! a large range is planned before its values are read (`Engine::range_plan` says how many bytes
 //! the answer takes), and it is read only once those bytes are admitted against the budget. The
-//! bytes stay charged until the response has been handed to the connection: the charge rides in
-//! the response's extensions, and [`hold_until_sent`] moves it into the body, which the
-//! connection drops when it has sent the last byte (or the client went away).
+//! bytes stay charged until the response has been handed to the connection: the charge rides
+//! with the encoded answer (large_response.rs) into the response body, which the connection
+//! drops when it has sent the last byte (or the client went away).
 //!
 //! Ranges wait for budget in order of arrival (a FIFO semaphore), so a large one is not starved
 //! by small ones; a range larger than the whole budget fails at once, and one that waits past
@@ -19,14 +19,9 @@
 //! response takes while it is built and encoded is about three times that at its peak (the
 //! read values, their protobuf copies, the encoded message); the budget bounds it all the same.
 
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::body::Body;
-use bytes::Bytes;
-use http_body::Frame;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tonic::Status;
 
@@ -34,7 +29,7 @@ use tonic::Status;
 pub const MAX_WAIT: Duration = Duration::from_secs(10);
 
 /// The budget is kept in units of this many bytes (a semaphore counts permits in u32s).
-const UNIT: u64 = 1024;
+pub(crate) const UNIT: u64 = 1024;
 
 /// The default budget: an eighth of the memory this process may use (the cgroup's limit, if
 /// lower than the machine's memory), between 64 MiB and 4 GiB.
@@ -109,41 +104,6 @@ impl RangeBudget {
     }
 }
 
-/// Moves a response's [`Charge`] (from its extensions) into its body, so the bytes stay charged
-/// until the connection has taken the last of them.
-pub fn hold_until_sent(mut resp: axum::response::Response) -> axum::response::Response {
-    match resp.extensions_mut().remove::<Charge>() {
-        Some(charge) => resp.map(|body| Body::new(Held { body, _charge: charge })),
-        None => resp,
-    }
-}
-
-/// A body that holds a charge until it is dropped.
-struct Held {
-    body: Body,
-    _charge: Charge,
-}
-
-impl http_body::Body for Held {
-    type Data = Bytes;
-    type Error = axum::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, axum::Error>>> {
-        Pin::new(&mut self.body).poll_frame(cx)
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.body.size_hint()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -164,19 +124,5 @@ mod tests {
         drop(first);
         assert_eq!(budget.available(), 10 * UNIT, "a dropped charge is returned");
         let _second = budget.charge(6 * UNIT, MAX_WAIT).await.expect("fits once returned");
-    }
-
-    #[tokio::test]
-    async fn a_charge_lasts_as_long_as_the_body_that_holds_it() {
-        let budget = RangeBudget::new(10 * UNIT);
-        let charge = budget.charge(3 * UNIT, MAX_WAIT).await.expect("fits");
-        let mut resp = axum::response::Response::new(Body::from("kvs"));
-        resp.extensions_mut().insert(charge);
-        let resp = hold_until_sent(resp);
-        assert!(resp.extensions().get::<Charge>().is_none(), "moved into the body");
-        assert_eq!(budget.available(), 7 * UNIT);
-        let body = axum::body::to_bytes(resp.into_body(), 1024).await.expect("body");
-        assert_eq!(&body[..], b"kvs");
-        assert_eq!(budget.available(), 10 * UNIT, "returned once the body is done");
     }
 }

@@ -88,8 +88,8 @@ impl pb::kv_server::Kv for Ctx {
         // A large range is counted, read and encoded on the bulk threads: each is tens of
         // milliseconds of CPU that the runtime's threads (one, on a 2-core machine) would
         // otherwise take from every small request (bulk.rs says why not the blocking pool;
-        // a yielding task would share one runtime thread's queue). Its answer is read only once its bytes fit
-        // in the budget, and they stay charged until the response is sent (range_budget.rs).
+        // a yielding task would share one runtime thread's queue). Its answer is read only
+        // once its bytes fit in the budget, and they stay charged until the response is sent.
         let plan = match plan.is_planned() {
             true => plan,
             false => self.bulk(move |engine| engine.range_plan_blocking(plan)).await?,
@@ -104,8 +104,7 @@ impl pb::kv_server::Kv for Ctx {
             .await??;
         // tonic sends a placeholder; the layer in large_response.rs sends the encoded bytes.
         let mut resp = Response::new(pb::RangeResponse::default());
-        resp.extensions_mut().insert(charge);
-        resp.extensions_mut().insert(encoded);
+        resp.extensions_mut().insert(encoded.holding(charge));
         Ok(resp)
     }
 
