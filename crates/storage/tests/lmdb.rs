@@ -291,3 +291,26 @@ fn the_auth_store_survives_a_reopen_and_a_replace_sets_it() {
     assert_eq!(backend.view().expect("view").auth().expect("auth"), Some(b"second".to_vec()));
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
+
+#[test]
+fn the_size_follows_the_file_through_commits_and_replaces() {
+    let dir = temp_dir("size");
+    let file_len = || std::fs::metadata(dir.join("data.mdb")).unwrap().len();
+    let backend = LmdbBackend::open(&dir, 64 << 20).unwrap();
+    assert_eq!(backend.size_bytes(), file_len(), "at open");
+    let start = backend.size_bytes();
+    // Values large enough to grow the file by many pages.
+    let records: Vec<_> =
+        (2..200).map(|i| (rev_id(i, 0), record("k", &"v".repeat(8 << 10), 2))).collect();
+    let puts = records.iter().map(|(r, rec)| (*r, rec.encode())).collect();
+    backend.commit(WriteBatch { puts, meta: Some(meta(5, 199)), ..WriteBatch::default() }).unwrap();
+    assert!(backend.size_bytes() > start + (1 << 20), "grew: {}", backend.size_bytes());
+    assert_eq!(backend.size_bytes(), file_len(), "after a commit");
+    let puts = vec![(rev_id(300, 0), record("k", "v", 300).encode())];
+    backend
+        .replace(WriteBatch { puts, meta: Some(meta(9, 300)), ..WriteBatch::default() })
+        .unwrap();
+    assert_eq!(backend.size_bytes(), file_len(), "after a replace");
+    drop(backend);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

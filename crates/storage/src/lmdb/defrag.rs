@@ -143,6 +143,7 @@ impl LmdbBackend {
         if stop == Some(DefragStep::Exchanged) {
             return Ok(());
         }
+        self.note_size(&to);
         *self.cur.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(to);
         drop(journal);
         Ok(())
