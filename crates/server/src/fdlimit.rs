@@ -15,7 +15,8 @@ use std::time::{Duration, Instant};
 use rustix::process::{getrlimit, setrlimit, Resource};
 
 /// Descriptors kept from clients: for WAL segments and the directory syncs around them, the
-/// database, peer connections (a few per peer) and snapshot transfers, with room to spare.
+/// database, peer connections (outbound, a few per peer; inbound, at most
+/// `cairn_transport::MAX_INBOUND_CONNS`, which the transport enforces) and snapshot transfers.
 pub(crate) const RESERVE: usize = 128;
 /// Fewer client connections than this and the member is not worth starting: the limit is
 /// too low, and saying so at start beats refusing clients later.

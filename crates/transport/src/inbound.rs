@@ -20,6 +20,14 @@ use crate::{ServerTls, Sink};
 /// A caller that has not introduced itself by then is dropped (it holds a socket); the TLS
 /// handshake, when there is one, has as long again.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// Peer connections open at once, at most. Members need a few each (messages, snapshots, a
+/// joining member's question); this leaves room for a large cluster while a stranger opening
+/// connections by the thousand on the peer port cannot take the descriptors the WAL and the
+/// database need (the server keeps a reserve for them and for these). A connection past the
+/// cap is closed as soon as it is accepted.
+pub const MAX_INBOUND_CONNS: usize = 64;
+/// How often refusing peer connections is logged at most.
+const REFUSED_LOG_EVERY: Duration = Duration::from_secs(10);
 
 #[derive(Clone)]
 pub(crate) struct Acceptor {
@@ -33,6 +41,8 @@ pub(crate) struct Acceptor {
     pub(crate) traffic: Arc<crate::PeerTraffic>,
     /// Where chunked snapshots are written.
     pub(crate) inbox: Arc<Inbox>,
+    /// Places for open peer connections ([`MAX_INBOUND_CONNS`]), shared by every listener.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
 }
 
 /// Why an incoming peer connection ended early.
@@ -94,12 +104,24 @@ impl From<DecodeError> for InboundError {
 
 impl Acceptor {
     pub(crate) async fn serve(self: Arc<Self>, listener: TcpListener, tls: Option<Arc<ServerTls>>) {
+        let mut logged: Option<tokio::time::Instant> = None;
         loop {
             match listener.accept().await {
                 Ok((conn, addr)) => {
+                    let Ok(slot) = self.slots.clone().try_acquire_owned() else {
+                        if logged.is_none_or(|at| at.elapsed() >= REFUSED_LOG_EVERY) {
+                            logged = Some(tokio::time::Instant::now());
+                            tracing::warn!(%addr, "refusing peer connections: {MAX_INBOUND_CONNS} are open, the most allowed");
+                        }
+                        drop(conn);
+                        continue;
+                    };
                     let me = self.clone();
                     let tls = tls.clone();
-                    tokio::spawn(async move { me.serve_conn(conn, addr, tls).await });
+                    tokio::spawn(async move {
+                        me.serve_conn(conn, addr, tls).await;
+                        drop(slot);
+                    });
                 }
                 Err(e) => {
                     // Out of file descriptors, most likely: back off instead of spinning.

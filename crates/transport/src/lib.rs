@@ -44,6 +44,7 @@ pub use rustls_pki_types::ServerName;
 use tokio::runtime::Runtime;
 
 pub use images::{ImageSource, OutgoingImages};
+pub use inbound::MAX_INBOUND_CONNS;
 pub use stream_out::SnapshotStats;
 pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles};
 
@@ -277,6 +278,7 @@ impl Transport {
             sink: sink.clone(),
             traffic: cfg.traffic.clone(),
             inbox: Arc::new(stream_in::Inbox::new(cfg.snapshot_dir.clone())?),
+            slots: Arc::new(tokio::sync::Semaphore::new(inbound::MAX_INBOUND_CONNS)),
         };
         let _guard = runtime.enter();
         let accept = Arc::new(accept);

@@ -169,6 +169,32 @@ fn garbage_on_the_peer_port_is_dropped_and_peers_still_get_through() {
 }
 
 #[test]
+fn connections_past_the_cap_on_the_peer_port_are_closed_at_once() {
+    let ((_la, aa), (lb, ab)) = (listener(), listener());
+    let (_tb, _rb) = start(7, B, lb, A, aa);
+    // Strangers that connect and say nothing: each holds its place until the hello timeout.
+    let extra = 8;
+    let conns: Vec<TcpStream> = (0..cairn_transport::MAX_INBOUND_CONNS + extra)
+        .map(|_| TcpStream::connect(ab).unwrap())
+        .collect();
+    // Those past the cap are closed as soon as they are accepted (EOF); the others stay open
+    // until the hello timeout (seconds away), so a look at each after a moment tells them apart.
+    std::thread::sleep(Duration::from_millis(500));
+    let mut closed = 0;
+    for mut c in conns.iter() {
+        c.set_nonblocking(true).unwrap();
+        let mut buf = [0u8; 8];
+        match c.read(&mut buf) {
+            Ok(0) => closed += 1,
+            Ok(n) => panic!("a stranger was sent {n} bytes"),
+            Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock, "{e}"),
+        }
+    }
+    assert_eq!(closed, extra, "exactly the connections past the cap were closed");
+    drop(conns);
+}
+
+#[test]
 fn a_peer_that_goes_away_is_reported_and_reached_again_when_back() {
     let ((la, aa), (lb, ab)) = (listener(), listener());
     let (ta, ra) = start(7, A, la, B, ab);
