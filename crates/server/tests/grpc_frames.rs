@@ -128,7 +128,7 @@ fn damaged(r: &mut Rng, msg: &[u8]) -> Vec<u8> {
     let len = msg.len() as u32;
     let mut body = match r.below(9) {
         // The message itself damaged, framed honestly.
-        0 | 1 | 2 => {
+        0..=2 => {
             let mut m = msg.to_vec();
             for _ in 0..=r.below(4) {
                 match (r.below(3), m.is_empty()) {
