@@ -261,6 +261,18 @@ impl LmdbBackend {
     }
 
     /// Wraps a failed write, naming the database file, and saying so when the disk is full.
+    /// A failure inside a write transaction, said as a commit's failure is: LMDB writes dirty
+    /// pages to the file before the commit when a transaction outgrows its memory (a spill), so
+    /// a full disk can first show in a put; it must say "no space left on device" and name the
+    /// file there too, not come out as a bare IO error.
+    fn write_failed(&self, e: BackendError) -> BackendError {
+        let BackendError::Engine(inner) = &e else { return e };
+        let Some(failed) = inner.downcast_ref::<LmdbError>() else { return e };
+        let heed::Error::Io(io) = &failed.heed else { return e };
+        let Some(code) = io.raw_os_error() else { return e };
+        self.write_err(failed.op)(heed::Error::Io(std::io::Error::from_raw_os_error(code)))
+    }
+
     fn write_err(&self, op: &'static str) -> impl FnOnce(heed::Error) -> BackendError {
         let file = self.path.join("data.mdb");
         move |heed| {
@@ -322,7 +334,7 @@ impl Backend for LmdbBackend {
         let mut journal = self.journal();
         let h = self.handles();
         let mut wtxn = h.env.write_txn().map_err(err("begin write"))?;
-        h.write_commit(&mut wtxn, &batch)?;
+        h.write_commit(&mut wtxn, &batch).map_err(|e| self.write_failed(e))?;
         wtxn.commit().map_err(self.write_err("commit"))?;
         self.note_size(&h);
         if let Some(j) = journal.as_mut() {
@@ -337,7 +349,7 @@ impl Backend for LmdbBackend {
         let mut journal = self.journal();
         let h = self.handles();
         let mut wtxn = h.env.write_txn().map_err(err("begin write"))?;
-        h.write_replace(&mut wtxn, &batch)?;
+        h.write_replace(&mut wtxn, &batch).map_err(|e| self.write_failed(e))?;
         wtxn.commit().map_err(self.write_err("commit"))?;
         self.note_size(&h);
         if let Some(j) = journal.as_mut() {
@@ -435,5 +447,29 @@ impl BackendView for LmdbView {
             out.insert(id, decode_lease(id, v)?);
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_inside_a_write_names_the_file_and_says_so() {
+        let dir = std::env::temp_dir().join(format!("cairn-lmdb-spill-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let backend = LmdbBackend::open(&dir, 1 << 20).expect("open");
+        // What a put's spill on a full disk returns before this mapping: ENOSPC, no file.
+        let enospc = heed::Error::Io(std::io::Error::from_raw_os_error(28));
+        let raw = err("put")(enospc);
+        assert!(!raw.to_string().contains("data.mdb"), "{raw}");
+        let said = backend.write_failed(raw).to_string();
+        assert!(said.contains("no space left on device"), "{said}");
+        assert!(said.contains(&dir.join("data.mdb").display().to_string()), "{said}");
+        // Other failures pass through as they are.
+        let other = BackendError::Corrupt("bad meta record");
+        assert_eq!(backend.write_failed(other.clone()), other);
+        drop(backend);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
