@@ -211,7 +211,10 @@ impl Driver {
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}
             Input::Committer(Report::Failed(e)) => return Err(StorageError::Backend(e)),
-            Input::Peer(PeerInput::Message(msg)) => self.replica.handle_message(msg),
+            Input::Peer(PeerInput::Message(msg)) => {
+                self.shared.peer_inbox.taken(crate::peer_inbox::cost(&msg));
+                self.replica.handle_message(msg)
+            }
             Input::Peer(PeerInput::SnapshotSent { to, status }) => {
                 if status == cairn_raft::SnapshotStatus::Finished {
                     tracing::info!("sent a snapshot to member {:016x}", to.0);

@@ -56,6 +56,7 @@ mod ids;
 mod join;
 mod lease_clock;
 pub mod metrics;
+mod peer_inbox;
 mod peers;
 mod replica;
 mod request;

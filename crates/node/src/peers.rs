@@ -30,7 +30,7 @@ pub(crate) enum PeerInput {
 }
 
 /// The transport's sink: the driver's input queue. Sending never blocks; a driver that has
-/// stopped drops what arrives. It also answers a joining member's members query from the
+/// stopped drops what arrives, and so does one that has too much waiting (`peer_inbox.rs`). It also answers a joining member's members query from the
 /// applied membership.
 struct DriverSink {
     tx: mpsc::Sender<Input>,
@@ -40,8 +40,17 @@ struct DriverSink {
 }
 
 impl Sink for DriverSink {
+    /// Queued only while the bound on waiting messages allows (`peer_inbox.rs`); dropped
+    /// otherwise, as Raft tolerates.
     fn message(&self, msg: Message) {
-        let _ = self.tx.send(Input::Peer(PeerInput::Message(msg)));
+        let cost = crate::peer_inbox::cost(&msg);
+        if !self.shared.peer_inbox.admit(cost) {
+            return;
+        }
+        if self.tx.send(Input::Peer(PeerInput::Message(msg))).is_err() {
+            // The driver has stopped: nothing will take it.
+            self.shared.peer_inbox.taken(cost);
+        }
     }
 
     fn snapshot_sent(&self, to: NodeId, delivered: bool) {

@@ -68,6 +68,8 @@ pub(crate) struct Shared {
     pub(crate) removed: AtomicBool,
     /// The applied membership, as the driver last saw it change.
     pub(crate) conf: Mutex<cairn_raft::ConfState>,
+    /// Peer messages waiting for the driver, bounded (`peer_inbox.rs`).
+    pub(crate) peer_inbox: crate::peer_inbox::PeerInbox,
 }
 
 impl Shared {
@@ -94,6 +96,7 @@ impl Shared {
             metrics,
             removed: AtomicBool::new(false),
             conf: Mutex::new(cairn_raft::ConfState::default()),
+            peer_inbox: crate::peer_inbox::PeerInbox::default(),
         };
         (shared, crate::driver::Notify { executed: executed_tx, leadership: leadership_tx })
     }
