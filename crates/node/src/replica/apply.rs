@@ -71,16 +71,23 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         entries: Vec<Entry>,
         hard_state: Option<cairn_raft::HardState>,
     ) -> Result<(), StorageError> {
-        if entries.is_empty() && hard_state.is_none() {
-            return Ok(());
-        }
-        self.wal.append(&entries, hard_state.as_ref())?;
         // As etcd's MustSync: entries, term and vote must be durable before anything that
         // depends on them; a commit index alone need not be (after a crash it is learned
-        // again), so it rides along with the next sync.
+        // again). So a hard state that moves only the commit index is not even written now: it
+        // rides with the next write (a write system call saved on every commit's path, between
+        // the fsync and the answer), and a later hard state supersedes it.
         let term_vote = hard_state.map(|h| (h.term, h.vote));
         let must_sync =
             !entries.is_empty() || term_vote.is_some_and(|tv| tv != self.synced_term_vote);
+        if !must_sync {
+            if hard_state.is_some() {
+                self.lazy_hard_state = hard_state;
+            }
+            return Ok(());
+        }
+        let hard_state = hard_state.or(self.lazy_hard_state.take());
+        self.lazy_hard_state = None;
+        self.wal.append(&entries, hard_state.as_ref())?;
         if must_sync && !self.cfg.has_bug(Bug::AckBeforeFsync) {
             self.wal.sync()?;
             if let Some(tv) = term_vote {

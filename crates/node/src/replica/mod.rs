@@ -189,6 +189,9 @@ pub struct Replica<D: Dir, B: Backend, T> {
     renewals: Vec<lease::Renewal<T>>,
     /// Term and vote as last made durable.
     synced_term_vote: (Term, Option<NodeId>),
+    /// A hard state that moved only the commit index, not yet written: it rides with the next
+    /// write to the log (see `persist`).
+    lazy_hard_state: Option<cairn_raft::HardState>,
     /// A store sync was asked for and not yet reported.
     store_sync_pending: bool,
     /// The store is durable up to here (reported by the committer).
@@ -292,6 +295,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             lease_asks: std::collections::VecDeque::new(),
             renewals: Vec::new(),
             synced_term_vote: (hs.term, hs.vote),
+            lazy_hard_state: None,
             store_sync_pending: false,
             leadership: Leadership { leader: None, term: hs.term },
             incoming_image: None,
