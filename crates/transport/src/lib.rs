@@ -97,6 +97,10 @@ impl From<std::net::TcpListener> for Listener {
 pub struct PeerAddr {
     /// Where to connect.
     pub addr: SocketAddr,
+    /// The URL's `host:port` when its host is a name rather than an IP address: looked up again
+    /// at every dial (as Go's dialer, and so etcd, does), so a peer whose name moves to another
+    /// address (a rescheduled pod) is reached there; `addr`, resolved at start, is the fallback.
+    pub host: Option<String>,
     /// The name the peer's certificate must hold (the URL's host) and the configuration to
     /// verify it with.
     pub tls: Option<(ServerName<'static>, Arc<ClientTls>)>,
@@ -104,7 +108,21 @@ pub struct PeerAddr {
 
 impl From<SocketAddr> for PeerAddr {
     fn from(addr: SocketAddr) -> PeerAddr {
-        PeerAddr { addr, tls: None }
+        PeerAddr { addr, host: None, tls: None }
+    }
+}
+
+/// Looks a `host:port` up; the transport's default asks the system's resolver. A test gives
+/// its own to move a peer's name.
+#[derive(Clone)]
+pub struct Resolver(pub Arc<ResolveFn>);
+
+/// What a [`Resolver`] calls: `host:port` in, its addresses out.
+pub type ResolveFn = dyn Fn(&str) -> std::io::Result<Vec<SocketAddr>> + Send + Sync;
+
+impl std::fmt::Debug for Resolver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Resolver")
     }
 }
 
@@ -139,6 +157,8 @@ pub struct TransportConfig {
     /// The peer TLS to dial `https://` peer URLs of members added at run time with
     /// ([`Transport::set_peer_urls`]); those named at start carry theirs in [`Self::peers`].
     pub client_tls: Option<Arc<ClientTls>>,
+    /// How peer host names are looked up again at each dial; `None`: the system's resolver.
+    pub resolver: Option<Resolver>,
 }
 
 /// Why a peer URL cannot be dialed.
@@ -181,7 +201,12 @@ pub fn peer_addrs(
         }
     };
     let resolved = url::resolve(peer_url).map_err(PeerUrlError::Url)?;
-    Ok(resolved.into_iter().map(|addr| PeerAddr { addr, tls: tls.clone() }).collect())
+    let host = url::host(peer_url).map_err(PeerUrlError::Url)?;
+    let named = host.parse::<std::net::IpAddr>().is_err();
+    let host = named.then(|| url::host_port(peer_url).map(str::to_string)).transpose();
+    let host = host.map_err(PeerUrlError::Url)?;
+    let addr = |addr| PeerAddr { addr, host: host.clone(), tls: tls.clone() };
+    Ok(resolved.into_iter().map(addr).collect())
 }
 
 /// Bytes sent to and received from each peer, as frames are written and read (etcd's
@@ -237,6 +262,7 @@ impl TransportConfig {
             snapshot_send_rate: 0,
             snapshot_stats: Arc::default(),
             client_tls: None,
+            resolver: None,
         }
     }
 }
@@ -292,6 +318,7 @@ impl Transport {
             local: cfg.local,
             sink,
             traffic: cfg.traffic.clone(),
+            resolver: cfg.resolver.clone(),
         };
         let mut peers = BTreeMap::new();
         for (id, addrs) in &cfg.peers {

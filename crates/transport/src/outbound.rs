@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -59,6 +60,8 @@ pub(crate) struct Link {
     pub(crate) local: NodeId,
     pub(crate) sink: Arc<dyn Sink>,
     pub(crate) traffic: Arc<crate::PeerTraffic>,
+    /// Looks peer host names up again at each dial; `None`: the system's resolver.
+    pub(crate) resolver: Option<crate::Resolver>,
 }
 
 /// Why a connection to a peer failed.
@@ -231,6 +234,41 @@ pub(crate) enum Conn {
     Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
+/// Where to try, in order: for a peer URL that names a host, the addresses the name has now
+/// (looked up once per dial), then the ones it had at start; each address once.
+async fn candidates(link: &Link, addrs: &[PeerAddr]) -> Vec<PeerAddr> {
+    let mut out: Vec<PeerAddr> = Vec::new();
+    let mut looked_up: Vec<&str> = Vec::new();
+    for peer in addrs {
+        if let Some(host) = peer.host.as_deref().filter(|h| !looked_up.contains(h)) {
+            looked_up.push(host);
+            for addr in lookup(link, host).await {
+                out.push(PeerAddr { addr, ..peer.clone() });
+            }
+        }
+        out.push(peer.clone());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    out.retain(|p| seen.insert(p.addr));
+    out
+}
+
+/// `host:port`'s addresses now; none if the lookup fails or takes too long (the addresses from
+/// start are tried then).
+async fn lookup(link: &Link, host: &str) -> Vec<SocketAddr> {
+    let found = match &link.resolver {
+        Some(r) => (r.0)(host),
+        None => match timeout(CONNECT_TIMEOUT, tokio::net::lookup_host(host)).await {
+            Ok(found) => found.map(Iterator::collect),
+            Err(_) => return Vec::new(),
+        },
+    };
+    found.unwrap_or_else(|e| {
+        tracing::debug!("looking up peer host {host}: {e}");
+        Vec::new()
+    })
+}
+
 /// Connects to the first address of `to` that answers and introduces this member.
 pub(crate) async fn dial(
     link: &Link,
@@ -239,7 +277,7 @@ pub(crate) async fn dial(
     kind: StreamKind,
 ) -> Result<Conn, DialError> {
     let mut last = DialError::Timeout;
-    for peer in addrs {
+    for peer in &candidates(link, addrs).await {
         let conn = match timeout(CONNECT_TIMEOUT, TcpStream::connect(peer.addr)).await {
             Ok(Ok(c)) => c,
             Ok(Err(e)) => {

@@ -69,7 +69,8 @@ fn member(
     cfg.listeners.push(Listener { socket: l, tls: Some(Arc::new(server)) });
     let client = Arc::new(ClientTls::new(files.clone()).expect("client TLS"));
     let name = ServerName::try_from("localhost").expect("a name").to_owned();
-    cfg.peers = BTreeMap::from([(peer, vec![PeerAddr { addr, tls: Some((name, client)) }])]);
+    cfg.peers =
+        BTreeMap::from([(peer, vec![PeerAddr { addr, host: None, tls: Some((name, client)) }])]);
     let (tx, rx) = channel();
     let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).expect("transport starts");
     (t, rx)

@@ -195,6 +195,31 @@ fn connections_past_the_cap_on_the_peer_port_are_closed_at_once() {
 }
 
 #[test]
+fn a_peer_named_by_host_is_looked_up_again_at_each_dial() {
+    let ((la, _aa), (lb, ab)) = (listener(), listener());
+    let (_tb, rb) = start(7, B, lb, A, la.local_addr().unwrap());
+    // At start the name pointed somewhere nothing listens (the peer has since moved); now it
+    // names B. Dialing the address from start alone would never reach B.
+    let gone = listener().1;
+    let mut cfg = cairn_transport::TransportConfig::new(7, A);
+    cfg.listeners.push(la.into());
+    let old =
+        cairn_transport::PeerAddr { addr: gone, host: Some("peer-b.test:2380".into()), tls: None };
+    cfg.peers = BTreeMap::from([(B, vec![old])]);
+    let asked = Arc::new(Mutex::new(Vec::new()));
+    let log = asked.clone();
+    cfg.resolver = Some(cairn_transport::Resolver(Arc::new(move |host: &str| {
+        log.lock().unwrap().push(host.to_string());
+        Ok(vec![ab])
+    })));
+    let (tx, _ra) = channel();
+    let ta = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).unwrap();
+    ta.send([heartbeat(A, B, 1)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 1));
+    assert!(asked.lock().unwrap().iter().all(|h| h == "peer-b.test:2380"), "{asked:?}");
+}
+
+#[test]
 fn a_peer_that_goes_away_is_reported_and_reached_again_when_back() {
     let ((la, aa), (lb, ab)) = (listener(), listener());
     let (ta, ra) = start(7, A, la, B, ab);
