@@ -287,10 +287,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             physical: Vec::new(),
             moves: Vec::new(),
             own_ids: RequestIds::new(id.0, now_micros),
-            publisher: cfg.publish.clone().map(|a| {
-                let election = u64::from(cfg.raft.election_timeout_ticks);
-                publish::Publisher::new(a, election, timeout)
-            }),
+            publisher: publisher(&cfg, timeout),
             lessor: lease::Lessor::new(cfg.tick_micros, cfg.lease_revoke_rate),
             lease_asks: std::collections::VecDeque::new(),
             renewals: Vec::new(),
@@ -629,4 +626,12 @@ fn decode_entry(index: LogIndex, data: &[u8]) -> Result<(RequestId, Command), St
     crate::command::decode(data)
         .map(|(id, cmd)| (RequestId(id), cmd))
         .map_err(|error| StorageError::Entry { index, error })
+}
+
+/// The publisher of this member's attributes, if it publishes any (a cluster member does).
+fn publisher(cfg: &ReplicaConfig, timeout: u64) -> Option<publish::Publisher> {
+    cfg.publish.clone().map(|a| {
+        let election = u64::from(cfg.raft.election_timeout_ticks);
+        publish::Publisher::new(a, election, timeout)
+    })
 }
