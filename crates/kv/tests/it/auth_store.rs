@@ -2,7 +2,7 @@
 //! (no revision, nothing Range, watch events or HashKV see), persisted with the data, carried in
 //! snapshot images; and clients' commands checked at apply time against it.
 
-mod common;
+use crate::common;
 
 use cairn_kv::auth::{AuthCommand, AuthError, Caller, PermType, Permission, ROOT};
 use cairn_kv::backend::MemBackend;

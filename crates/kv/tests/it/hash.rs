@@ -1,7 +1,7 @@
 //! etcd's HashKV: pinned to values derived by hand from etcd's definition, equal for equal
 //! histories whatever the progress of compaction, and different when the history differs.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use cairn_kv::backend::MemBackend;

@@ -1,7 +1,7 @@
 //! The streamed image: the same bytes as the whole image, in pieces of the size asked for, its
 //! length known up front, and unchanged by writes made while it is read.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use cairn_kv::snapshot;

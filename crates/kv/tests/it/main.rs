@@ -1,8 +1,8 @@
 //! Every integration test of this crate in one binary: one link instead of one per file,
 //! which was most of a cold `cargo test`'s time. `cargo test --test it <module>::` runs one file's tests.
 
-mod common;
 mod auth_store;
+mod common;
 mod concurrency;
 mod hash;
 mod image_stream;

@@ -2,7 +2,7 @@
 //! with restarts (index rebuilt from the backend) and physical compaction mixed in. Every
 //! response and error must be identical.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use cairn_kv::backend::MemBackend;

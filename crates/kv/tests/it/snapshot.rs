@@ -2,7 +2,7 @@
 //! its source (and the model); a damaged image is refused and changes nothing; work executed
 //! before an install never lands after it.
 
-mod common;
+use crate::common;
 
 use bytes::{BufMut, Bytes};
 use cairn_kv::backend::{Backend, MemBackend, Record};

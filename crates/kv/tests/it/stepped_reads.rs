@@ -2,7 +2,7 @@
 //! under one lock at the moment they began, whatever runs between their steps: writes,
 //! deletes, compactions above the read's revision, physical compaction, and commits.
 
-mod common;
+use crate::common;
 
 use cairn_kv::*;
 use common::*;

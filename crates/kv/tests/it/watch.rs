@@ -4,7 +4,7 @@
 //! receive exactly the model's changes for it: in order, each once, whole revisions per reply,
 //! with the right prev_kv; or be canceled with the compaction revision when its history went.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 

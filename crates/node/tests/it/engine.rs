@@ -143,7 +143,7 @@ fn the_store_commits_in_the_background_without_being_asked() {
     let dir = temp_dir("bgcommit");
     let exe = std::env::current_exe().unwrap();
     let mut child = Proc::new(&exe)
-        .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "engine::crash_child_writer", "--nocapture", "--test-threads=1"])
         .env("CAIRN_CRASH_DIR", &dir)
         .env("CAIRN_CRASH_START", "0")
         .env("CAIRN_CRASH_COUNT", "50")
@@ -172,7 +172,7 @@ async fn a_killed_writer_loses_no_acknowledged_write() {
     let mut acked: Vec<String> = Vec::new();
     for (round, kill_after) in [5usize, 40, 1, 150, 17].into_iter().enumerate() {
         let mut child = Proc::new(&exe)
-            .args(["--exact", "crash_child_writer", "--nocapture", "--test-threads=1"])
+            .args(["--exact", "engine::crash_child_writer", "--nocapture", "--test-threads=1"])
             .env("CAIRN_CRASH_DIR", &dir)
             .env("CAIRN_CRASH_START", (round * 100_000).to_string())
             .stdout(Stdio::piped())

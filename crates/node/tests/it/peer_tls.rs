@@ -2,7 +2,7 @@
 //! certificate of one CA, `--peer-client-cert-auth`): it elects a leader and replicates, and a
 //! member whose certificate another CA signed never gets in.
 
-#[path = "../../transport/tests/pki/mod.rs"]
+#[path = "../../../transport/tests/pki/mod.rs"]
 mod pki;
 
 use std::time::{Duration, Instant};

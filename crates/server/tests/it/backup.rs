@@ -3,7 +3,7 @@
 //! member started there finds every key, value, revision, version and lease of the snapshot's
 //! revision. Damaged snapshot files are refused.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,8 +1,7 @@
 //! The `cairn` binary's first minutes: how it reads etcd's flags and URLs, what a failed start
 //! leaves behind (nothing new), and what it logs when it starts. Each test runs the binary.
 
-#[path = "../../transport/tests/pki/mod.rs"]
-mod pki;
+use crate::pki;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;

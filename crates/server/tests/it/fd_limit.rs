@@ -42,7 +42,7 @@ fn start_child(dir: &Path, url: &str, log: &Path) -> Child {
         .arg("-c")
         .arg(format!("ulimit -n {LIMIT} && exec \"$0\" \"$@\""))
         .arg(exe)
-        .args(["--exact", "fd_child_server", "--nocapture", "--test-threads=1"])
+        .args(["--exact", "fd_limit::fd_child_server", "--nocapture", "--test-threads=1"])
         .env(CHILD_DIR, dir)
         .env(CHILD_URL, url)
         .stdin(Stdio::piped())

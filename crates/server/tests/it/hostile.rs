@@ -6,7 +6,7 @@ use cairn_proto::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use tonic::transport::Channel;
 
-mod common;
+use crate::common;
 
 async fn server(tag: &str) -> (KvClient<Channel>, tokio::sync::oneshot::Sender<()>) {
     let s = common::server(&format!("hostile-{tag}")).await;

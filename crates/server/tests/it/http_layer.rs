@@ -11,7 +11,7 @@ use prost::Message;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
-mod common;
+use crate::common;
 use common::server;
 
 /// One HTTP/1.1 request over a fresh connection: the status, the content type and the body.

@@ -6,7 +6,7 @@ use cairn_proto::etcdserverpb as pb;
 use pb::kv_client::KvClient;
 use tonic::transport::Channel;
 
-mod common;
+use crate::common;
 
 const KEYS: usize = 1_500;
 const VALUE: usize = 1024;

@@ -1,10 +1,10 @@
 //! Every integration test of this crate in one binary: one link instead of one per file,
 //! which was most of a cold `cargo test`'s time. `cargo test --test it <module>::` runs one file's tests.
 
-mod common;
 mod backup;
 mod bench_cli;
 mod cli;
+mod common;
 mod corrupt_check;
 mod damaged_files;
 mod fd_limit;
@@ -13,5 +13,8 @@ mod hostile;
 mod http_layer;
 mod large_ranges;
 mod metrics;
+/// The transport's test CA, shared with its TLS tests.
+#[path = "../../../transport/tests/pki/mod.rs"]
+mod pki;
 mod range_stream;
 mod tls;

@@ -11,7 +11,7 @@ fn prefix_end(p: &[u8]) -> Vec<u8> {
     cairn::kv::range::prefix_end(p).to_vec()
 }
 
-mod common;
+use crate::common;
 
 async fn server(tag: &str) -> (KvClient<Channel>, tokio::sync::oneshot::Sender<()>) {
     let s = common::server(&format!("rs-{tag}")).await;

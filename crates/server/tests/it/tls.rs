@@ -3,8 +3,7 @@
 //! or with one of another CA, a plain client on the TLS port fails at once while the server
 //! goes on serving, and a replaced certificate reaches the next connection without a restart.
 
-#[path = "../../transport/tests/pki/mod.rs"]
-mod pki;
+use crate::pki;
 
 use std::path::Path;
 use std::time::Duration;

@@ -7,7 +7,7 @@ use cairn_storage::faulty::FaultyDir;
 use cairn_storage::fs::{Dir, File, OsDir};
 use cairn_storage::{repair, Wal, WalError, WalOptions};
 
-mod common;
+use crate::common;
 use common::{image, read as bytes};
 
 /// Start offsets of the records in a segment.

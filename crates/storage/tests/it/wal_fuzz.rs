@@ -12,7 +12,7 @@ use cairn_storage::fs::{Dir, File};
 use cairn_storage::{Wal, WalError, WalOptions};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{image, read};
 
 const SEGMENT: u64 = 600;

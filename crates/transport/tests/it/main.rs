@@ -1,7 +1,6 @@
 //! Every integration test of this crate in one binary: one link instead of one per file,
 //! which was most of a cold `cargo test`'s time. `cargo test --test it <module>::` runs one file's tests.
 
-mod pki;
 mod codec;
 mod snapshot_stream;
 mod tls;

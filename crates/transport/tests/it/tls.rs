@@ -2,6 +2,7 @@
 //! caller is refused while the rest go on, certificate files that cannot be used are refused
 //! with etcd's words, and a replaced certificate is served without a restart.
 
+#[path = "../pki/mod.rs"]
 mod pki;
 
 use std::collections::BTreeMap;
