@@ -178,22 +178,64 @@ fn cluster(env: &[(&str, &str)], go_args: &[&str]) -> Result<(), String> {
     run("tests/cluster", "go", &args, &all)
 }
 
+/// Each phase of `cargo xtask ci` with its wall time, printed at the end (also when a phase
+/// fails), so a CI log says where its minutes went.
+struct Phases(Vec<(&'static str, std::time::Duration)>);
+
+impl Phases {
+    fn run(
+        &mut self,
+        name: &'static str,
+        f: impl FnOnce() -> Result<(), String>,
+    ) -> Result<(), String> {
+        let start = Instant::now();
+        let result = f();
+        self.0.push((name, start.elapsed()));
+        result
+    }
+}
+
+impl Drop for Phases {
+    fn drop(&mut self) {
+        let total: std::time::Duration = self.0.iter().map(|(_, d)| *d).sum();
+        eprintln!("\nxtask ci: wall time by phase");
+        for (name, d) in &self.0 {
+            eprintln!("  {name:<34} {:>4}:{:02}", d.as_secs() / 60, d.as_secs() % 60);
+        }
+        eprintln!("  {:<34} {:>4}:{:02}", "total", total.as_secs() / 60, total.as_secs() % 60);
+    }
+}
+
 fn ci() -> Result<(), String> {
     ensure_components()?;
-    cargo(&["fmt", "--all", "--check"], &[])?;
-    cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])?;
-    cargo(&["test", "--workspace"], &[])?;
+    let mut p = Phases(Vec::new());
+    p.run("fmt", || cargo(&["fmt", "--all", "--check"], &[]))?;
+    p.run("clippy", || {
+        cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])
+    })?;
+    p.run("cargo test", || cargo(&["test", "--workspace"], &[]))?;
     // The README's embedding program, built as an embedder builds it: without the server.
-    cargo(&["run", "--quiet", "-p", "cairn", "--no-default-features", "--example", "embed"], &[])?;
-    cargo(&["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])?;
-    sim(&["--seeds", "1..1000"])?;
-    sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
-    sim(&["--stack", "--seeds", "1..300"])?;
-    compat()?;
-    cluster(&[], &[])?;
+    p.run("embed example (no server)", || {
+        cargo(
+            &["run", "--quiet", "-p", "cairn", "--no-default-features", "--example", "embed"],
+            &[],
+        )
+    })?;
+    p.run("rustdoc", || {
+        cargo(&["doc", "--workspace", "--no-deps", "--quiet"], &[("RUSTDOCFLAGS", "-D warnings")])
+    })?;
+    p.run("simulator", || {
+        sim(&["--seeds", "1..1000"])?;
+        sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
+        sim(&["--stack", "--seeds", "1..300"])
+    })?;
+    p.run("compat (etcdctl, Go client, k8s)", compat)?;
+    p.run("cluster fault harness", || cluster(&[], &[]))?;
     // One seed against etcd: every expectation of the harness holds for etcd too.
     let etcd = [("CLUSTER_ETCD", "/usr/bin/etcd"), ("FAULT_SEEDS", "1")];
-    run("tests/cluster", "go", &["test", "-count=1", "./..."], &etcd)
+    p.run("cluster harness vs etcd", || {
+        run("tests/cluster", "go", &["test", "-count=1", "./..."], &etcd)
+    })
 }
 
 fn main() -> ExitCode {
