@@ -20,7 +20,7 @@ use cairn_node::Engine;
 use crate::metrics::{Counted, GrpcCall};
 use health::health;
 
-mod health;
+pub(crate) mod health;
 use crate::services::ETCD_COMPATIBLE_VERSION;
 
 /// etcd's `/version` body, with cairn's own version beside the etcd version it reports. etcd

@@ -7,6 +7,7 @@
 //! `?exclude=NAME` skipping one, and `/readyz/NAME` running one alone.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,6 +21,11 @@ use cairn_node::Engine;
 
 /// How long a health read may take before the check fails.
 const READ_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// `/health` answers so far, healthy and not: etcd's `etcd_server_health_success` and
+/// `etcd_server_health_failures`.
+pub(crate) static HEALTH_SUCCESS: AtomicU64 = AtomicU64::new(0);
+pub(crate) static HEALTH_FAILURES: AtomicU64 = AtomicU64::new(0);
 
 /// Every value of the query parameter `name` (`?exclude=A&exclude=B`), empty ones left out.
 fn query_values(query: Option<&str>, name: &str) -> BTreeSet<String> {
@@ -93,7 +99,10 @@ pub(super) fn health(engine: Arc<Engine>) -> MethodRouter {
         async move {
             let q = query.as_deref();
             let serializable = query_values(q, "serializable").contains("true");
-            match health_reason(&engine, &query_values(q, "exclude"), serializable).await {
+            let reason = health_reason(&engine, &query_values(q, "exclude"), serializable).await;
+            let count = if reason.is_none() { &HEALTH_SUCCESS } else { &HEALTH_FAILURES };
+            count.fetch_add(1, Ordering::Relaxed);
+            match reason {
                 None => (
                     StatusCode::OK,
                     [(header::CONTENT_TYPE, "application/json")],

@@ -198,6 +198,10 @@ fn metrics_move_with_the_work_and_logs_are_json() {
     };
     check_scrape(&before, &after, n as f64);
     assert!(wait_for(metrics, "/health").contains(r#""health":"true""#));
+    // etcd's /health counts, under etcd's names (no `_total`).
+    let counted = samples(&wait_for(metrics, "/metrics"));
+    assert!(value(&counted, "etcd_server_health_success") >= 1.0);
+    assert_eq!(value(&counted, "etcd_server_health_failures"), 0.0);
     drop(server_logs_once(server));
     let _ = std::fs::remove_dir_all(&data);
 }
