@@ -10,7 +10,8 @@
 //!    300 seeds at ten times the fault rate, then 300 seeds of the stack mix (every KV operation,
 //!    power loss, the client history checked for linearizability);
 //! 6. the compatibility suites against a release `cairn`: Debian's etcdctl (installed with apt
-//!    if missing), `cairn bench` against Debian's etcd and cairn, the comparison runner in its
+//!    if missing; also with JWT auth tokens), `cairn bench` against Debian's etcd and cairn,
+//!    the comparison runner in its
 //!    quick mode, and the official Go client (`tests/compat`, modules from the Go proxy), whose
 //!    suite then runs against Debian's etcd too, to check its expectations against etcd itself;
 //!    then `tests/kubernetes` (etcd client 3.6's kubernetes interface) the same two ways. The Go
@@ -137,6 +138,7 @@ fn compat() -> Result<(), String> {
     let bin = &release_bin("cairn")?;
     ensure_etcd_packages()?;
     run(".", "bash", &["tests/etcdctl_smoke.sh"], &[("CAIRN_BIN", bin)])?;
+    run(".", "bash", &["tests/etcdctl_jwt.sh"], &[("CAIRN_BIN", bin)])?;
     run(".", "bash", &["tests/bench_smoke.sh"], &[("CAIRN_BIN", bin)])?;
     // The comparison runner in its quick mode (one small round, report under /tmp), so the
     // script that produces bench/results keeps working.
