@@ -2,6 +2,7 @@
 //! which was most of a cold `cargo test`'s time. `cargo test --test it <module>::` runs one file's tests.
 
 mod codec;
+mod common;
 mod snapshot_stream;
 mod tls;
 mod transport;

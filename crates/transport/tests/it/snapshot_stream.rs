@@ -7,56 +7,25 @@ use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
 use cairn_transport::images::received_image;
-use cairn_transport::{Sink, SnapshotStats, Transport, TransportConfig};
+use cairn_transport::{SnapshotStats, TransportConfig};
+
+use crate::common::*;
 
 const A: NodeId = NodeId(1);
 const B: NodeId = NodeId(2);
-
-#[derive(Debug)]
-enum Event {
-    Message(Message),
-    SnapshotSent(NodeId, bool),
-    Unreachable,
-}
-
-struct Collect(Mutex<Sender<Event>>);
-
-impl Sink for Collect {
-    fn message(&self, msg: Message) {
-        let _ = self.0.lock().expect("sink lock").send(Event::Message(msg));
-    }
-    fn snapshot_sent(&self, to: NodeId, delivered: bool) {
-        let _ = self.0.lock().expect("sink lock").send(Event::SnapshotSent(to, delivered));
-    }
-    fn unreachable(&self, _: NodeId) {
-        let _ = self.0.lock().expect("sink lock").send(Event::Unreachable);
-    }
-}
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("cairn-snapstream-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("a temp dir");
     d
-}
-
-fn listener() -> (TcpListener, SocketAddr) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind port 0");
-    let a = l.local_addr().expect("bound address");
-    (l, a)
-}
-
-fn start(cfg: TransportConfig) -> (Transport, Receiver<Event>) {
-    let (tx, rx) = channel();
-    let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).expect("transport starts");
-    (t, rx)
 }
 
 fn config(local: NodeId, l: TcpListener, peer: NodeId, addr: SocketAddr) -> TransportConfig {
@@ -138,7 +107,7 @@ fn delivered(ra: &Receiver<Event>, rb: &Receiver<Event>) -> Message {
         let left = deadline.saturating_duration_since(Instant::now());
         match ra.recv_timeout(left).expect("the sender reports in time") {
             Event::SnapshotSent(to, ok) => break assert_eq!((to, ok), (B, true)),
-            Event::Unreachable | Event::Message(_) => {}
+            Event::Unreachable(_) | Event::Message(_) => {}
         }
     }
     got
@@ -153,10 +122,10 @@ fn a_transfer_cut_halfway_resumes_with_only_the_rest() {
     let stats = Arc::new(SnapshotStats::default());
     let mut cfg_a = config(A, la, B, proxy);
     cfg_a.snapshot_stats = stats.clone();
-    let (ta, ra) = start(cfg_a);
+    let (ta, ra) = start_with(cfg_a);
     let mut cfg_b = config(B, lb, A, aa);
     cfg_b.snapshot_dir = Some(dir.clone());
-    let (_tb, rb) = start(cfg_b);
+    let (_tb, rb) = start_with(cfg_b);
     let data = image(len);
     ta.send([snapshot_msg(data.clone())]);
     let got = delivered(&ra, &rb);
@@ -184,10 +153,10 @@ fn a_paced_transfer_keeps_to_its_rate_while_messages_flow_beside_it() {
     let mut cfg_a = config(A, la, B, ab);
     let rate = 1 << 20;
     cfg_a.snapshot_send_rate = rate;
-    let (ta, ra) = start(cfg_a);
+    let (ta, ra) = start_with(cfg_a);
     let mut cfg_b = config(B, lb, A, aa);
     cfg_b.snapshot_dir = Some(dir.clone());
-    let (_tb, rb) = start(cfg_b);
+    let (_tb, rb) = start_with(cfg_b);
     let started = Instant::now();
     ta.send([snapshot_msg(image(rate as usize))]);
     // Heartbeats sent during the transfer arrive during it.
@@ -223,7 +192,7 @@ fn a_paced_transfer_keeps_to_its_rate_while_messages_flow_beside_it() {
 fn a_snapshot_naming_a_local_file_is_refused_on_any_stream() {
     use cairn_transport::codec::{encode_batch, encode_hello, Hello, StreamKind, HELLO_LEN};
     let ((lb, ab), (_, nobody)) = (listener(), listener());
-    let (_tb, rb) = start(config(B, lb, A, nobody));
+    let (_tb, rb) = start_with(config(B, lb, A, nobody));
     let planted =
         std::env::temp_dir().join(format!("cairn-snapstream-victim-{}", std::process::id()));
     std::fs::write(&planted, b"not an image").expect("a file");
@@ -241,7 +210,7 @@ fn a_snapshot_naming_a_local_file_is_refused_on_any_stream() {
         let _ = conn.read_to_end(&mut rest);
     }
     while let Ok(e) = rb.recv_timeout(Duration::from_millis(300)) {
-        assert!(matches!(e, Event::Unreachable), "a handle from a peer got through: {e:?}");
+        assert!(matches!(e, Event::Unreachable(_)), "a handle from a peer got through: {e:?}");
     }
     assert!(planted.exists());
     let _ = std::fs::remove_file(&planted);

@@ -8,54 +8,24 @@ mod pki;
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener};
-use std::sync::mpsc::{channel, Receiver, Sender};
-use std::sync::{Arc, Mutex};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
+use cairn_raft::{LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
 use cairn_transport::tls::common_name;
 use cairn_transport::{
-    ClientTls, Listener, PeerAddr, ServerTls, Sink, TlsError, TlsFiles, Transport, TransportConfig,
+    ClientTls, Listener, PeerAddr, ServerTls, TlsError, TlsFiles, Transport, TransportConfig,
 };
 use pki::Ca;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, ServerName};
 
-#[derive(Debug, PartialEq)]
-enum Event {
-    Message(Message),
-    SnapshotSent(NodeId, bool),
-    Unreachable(NodeId),
-}
-
-struct Collect(Mutex<Sender<Event>>);
-
-impl Sink for Collect {
-    fn message(&self, msg: Message) {
-        let _ = self.0.lock().expect("sink lock").send(Event::Message(msg));
-    }
-    fn snapshot_sent(&self, to: NodeId, delivered: bool) {
-        let _ = self.0.lock().expect("sink lock").send(Event::SnapshotSent(to, delivered));
-    }
-    fn unreachable(&self, to: NodeId) {
-        let _ = self.0.lock().expect("sink lock").send(Event::Unreachable(to));
-    }
-}
+use crate::common::*;
 
 const A: NodeId = NodeId(0xa);
 const B: NodeId = NodeId(0xb);
-
-fn heartbeat(from: NodeId, to: NodeId, seq: u64) -> Message {
-    let body = MessageBody::Heartbeat { commit: LogIndex(seq), seq: HeartbeatSeq(seq) };
-    Message { from, to, term: Term(1), body }
-}
-
-fn listener() -> (TcpListener, SocketAddr) {
-    let l = TcpListener::bind("127.0.0.1:0").expect("a free port");
-    let a = l.local_addr().expect("a bound port");
-    (l, a)
-}
 
 /// A member `local` serving TLS with `files` on `l`, dialing `peer` at `addr` over TLS.
 fn member(
@@ -72,23 +42,7 @@ fn member(
     let name = ServerName::try_from("localhost").expect("a name").to_owned();
     cfg.peers =
         BTreeMap::from([(peer, vec![PeerAddr { addr, host: None, tls: Some((name, client)) }])]);
-    let (tx, rx) = channel();
-    let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).expect("transport starts");
-    (t, rx)
-}
-
-fn next(rx: &Receiver<Event>) -> Event {
-    rx.recv_timeout(Duration::from_secs(5)).expect("an event within 5 s")
-}
-
-fn next_message(rx: &Receiver<Event>) -> Message {
-    loop {
-        match next(rx) {
-            Event::Message(m) => return m,
-            Event::Unreachable(_) => continue,
-            e => panic!("expected a message, got {e:?}"),
-        }
-    }
+    start_with(cfg)
 }
 
 /// No message arrives within `wait`.

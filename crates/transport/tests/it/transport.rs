@@ -4,50 +4,18 @@
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{channel, Receiver};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_raft::{
-    Entry, EntryPayload, HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Snapshot, Term,
-};
-use cairn_transport::{Sink, Transport, TransportConfig};
+use cairn_raft::{Entry, EntryPayload, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
+use cairn_transport::{Transport, TransportConfig};
 
-#[derive(Debug, PartialEq)]
-enum Event {
-    Message(Message),
-    SnapshotSent(NodeId, bool),
-    Unreachable(NodeId),
-}
-
-struct Collect(Mutex<Sender<Event>>);
-
-impl Sink for Collect {
-    fn message(&self, msg: Message) {
-        let _ = self.0.lock().unwrap().send(Event::Message(msg));
-    }
-    fn snapshot_sent(&self, to: NodeId, delivered: bool) {
-        let _ = self.0.lock().unwrap().send(Event::SnapshotSent(to, delivered));
-    }
-    fn unreachable(&self, to: NodeId) {
-        let _ = self.0.lock().unwrap().send(Event::Unreachable(to));
-    }
-}
+use crate::common::*;
 
 const A: NodeId = NodeId(0xa);
 const B: NodeId = NodeId(0xb);
-
-fn heartbeat(from: NodeId, to: NodeId, seq: u64) -> Message {
-    let body = MessageBody::Heartbeat { commit: LogIndex(seq), seq: HeartbeatSeq(seq) };
-    Message { from, to, term: Term(1), body }
-}
-
-fn listener() -> (TcpListener, SocketAddr) {
-    let l = TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    (l, a)
-}
 
 /// A transport for `local` in `cluster`, accepting on `l`, knowing `peer` at `addr`.
 fn start(
@@ -60,24 +28,7 @@ fn start(
     let mut cfg = TransportConfig::new(cluster, local);
     cfg.listeners.push(l.into());
     cfg.peers = BTreeMap::from([(peer, vec![addr.into()])]);
-    let (tx, rx) = channel();
-    let t = Transport::start(cfg, Arc::new(Collect(Mutex::new(tx)))).unwrap();
-    (t, rx)
-}
-
-fn next(rx: &Receiver<Event>) -> Event {
-    rx.recv_timeout(Duration::from_secs(5)).expect("an event within 5 s")
-}
-
-/// The next message event, skipping unreachable reports from start-up races.
-fn next_message(rx: &Receiver<Event>) -> Message {
-    loop {
-        match next(rx) {
-            Event::Message(m) => return m,
-            Event::Unreachable(_) => continue,
-            e => panic!("expected a message, got {e:?}"),
-        }
-    }
+    start_with(cfg)
 }
 
 #[test]
