@@ -11,26 +11,11 @@ cd "$(dirname "$0")/.."
 KEYS=$PWD/crates/server/tests/jwt-keys
 TOKEN="jwt,pub-key=$KEYS/rsa.pub.pem,priv-key=$KEYS/rsa.pem,sign-method=RS256,ttl=5m"
 DIR=$(mktemp -d /tmp/cairn-etcdctl-jwt.XXXX)
-free_port() {
-	local p
-	for _ in $(seq 50); do
-		p=$((20000 + RANDOM % 20000))
-		[[ "$p" != "${PORT:-}" ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break
-	done
-	echo "$p"
-}
+# shellcheck source=tests/smoke_lib.sh
+. "$(dirname "$0")/smoke_lib.sh"
 PORT=$(free_port)
 URL=http://127.0.0.1:$PORT
-if [[ -n "${SMOKE_ETCD:-}" ]]; then
-	PEER=http://127.0.0.1:$(free_port)
-	"$SMOKE_ETCD" --name default --data-dir "$DIR/data" --listen-client-urls "$URL" \
-		--advertise-client-urls "$URL" --listen-peer-urls "$PEER" --initial-advertise-peer-urls "$PEER" \
-		--initial-cluster "default=$PEER" --auth-token "$TOKEN" --log-level warn 2>"$DIR/log" &
-else
-	BIN=${CAIRN_BIN:?set CAIRN_BIN to the cairn binary (or SMOKE_ETCD to an etcd binary)}
-	"$BIN" serve --data-dir "$DIR/data" --listen-client-urls "$URL" --auth-token "$TOKEN" 2>"$DIR/log" &
-fi
-PID=$!
+start_member "$DIR/data" "$DIR/log" "$URL" --auth-token "$TOKEN"
 cleanup() {
 	kill $PID 2>/dev/null || true
 	wait 2>/dev/null || true

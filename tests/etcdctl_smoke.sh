@@ -13,28 +13,16 @@ if [[ -z "${SMOKE_ETCD:-}" ]]; then
 	[[ -x "$BIN" ]] || { echo "etcdctl smoke: cairn did not start: no such file $BIN" >&2; exit 1; }
 fi
 DIR=$(mktemp -d /tmp/cairn-etcdctl.XXXX)
-# A random loopback port that nothing answers on.
-free_port() {
-	local p
-	for _ in $(seq 50); do
-		p=$((${SMOKE_PORT_MIN:-20000} + RANDOM % ${SMOKE_PORT_SPAN:-20000}))
-		[[ "$p" != "${PORT:-}" ]] && ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null && break
-	done
-	echo "$p"
-}
+# shellcheck source=tests/smoke_lib.sh
+. "$(dirname "$0")/smoke_lib.sh"
 PORT=$(free_port)
 URL=http://127.0.0.1:$PORT
+start_member "$DIR/data" "$DIR/log" "$URL"
 if [[ -n "${SMOKE_ETCD:-}" ]]; then
-	PEER=http://127.0.0.1:$(free_port)
-	"$SMOKE_ETCD" --name default --data-dir "$DIR/data" --listen-client-urls "$URL" \
-		--advertise-client-urls "$URL" --listen-peer-urls "$PEER" --initial-advertise-peer-urls "$PEER" \
-		--initial-cluster "default=$PEER" --log-level warn 2>"$DIR/log" &
 	VERSION="3." # etcd reports its own version
 else
-	"$BIN" serve --data-dir "$DIR" --listen-client-urls "$URL" 2>"$DIR/log" &
 	VERSION="3.6." # cairn reports a version from etcd's 3.6 line
 fi
-PID=$!
 # Background etcdctl processes (watch, lock, elect), each under `timeout`, are stopped too.
 BG=()
 cleanup() {
