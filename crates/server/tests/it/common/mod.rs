@@ -4,6 +4,7 @@
 // Each test file uses a part of this (some keep the stop handle only to hold the server up).
 #![allow(dead_code)]
 
+use std::path::Path;
 use std::time::Duration;
 
 use cairn::{EngineConfig, ServeConfig};
@@ -26,6 +27,7 @@ pub async fn server(tag: &str) -> Server {
 pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Server {
     let dir = std::env::temp_dir().join(format!("cairn-test-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
+    remove_dead_runs();
     let probe = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
     let port = probe.local_addr().expect("a bound port").port();
     drop(probe);
@@ -47,4 +49,21 @@ pub async fn server_with(tag: &str, tweak: impl FnOnce(&mut ServeConfig)) -> Ser
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     panic!("the server did not start");
+}
+
+/// Removes what earlier runs of this test binary left: a server's directory is removed when
+/// it stops, but a test's runtime ends before its server's task does, so directories stay
+/// behind. Each name ends with its process id; those of processes no longer running go.
+fn remove_dead_runs() {
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else { return };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name.strip_prefix("cairn-test-").and_then(|n| n.rsplit('-').next()) else {
+            continue;
+        };
+        let alive = pid.parse::<u32>().is_ok_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if pid.parse::<u32>().is_ok() && !alive {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
