@@ -7,9 +7,11 @@
 use std::io;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cairn_storage::fs::{Dir, File, OsDir, OsFile};
+
+pub use cairn_transport::histogram::{Bounds, Histogram, HistogramSnapshot};
 
 /// Upper bounds of etcd's disk histograms (`wal_fsync_duration_seconds`,
 /// `backend_commit_duration_seconds`): 1 ms doubling to 8.192 s.
@@ -18,54 +20,16 @@ pub const DISK_BUCKETS: [f64; 14] = [
     8.192,
 ];
 
-/// A latency histogram with [`DISK_BUCKETS`], recorded without locks.
-#[derive(Debug, Default)]
-pub struct Histogram {
-    /// Observations at or below each bound (not cumulative); the last slot is above them all.
-    buckets: [AtomicU64; 15],
-    sum_nanos: AtomicU64,
-    count: AtomicU64,
+/// The bounds of the disk histograms, [`DISK_BUCKETS`].
+#[derive(Debug)]
+pub struct DiskBuckets;
+
+impl Bounds for DiskBuckets {
+    const BOUNDS: &'static [f64] = &DISK_BUCKETS;
 }
 
-/// A histogram as read at one moment.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HistogramSnapshot {
-    /// (upper bound in seconds, observations in that bucket and not the one below), the last
-    /// bound infinite. Not cumulative: a reader adds them up as its format wants.
-    pub buckets: Vec<(f64, u64)>,
-    /// The sum of every observation, in seconds.
-    pub sum_seconds: f64,
-    /// Observations.
-    pub count: u64,
-}
-
-impl Histogram {
-    /// Records one duration.
-    pub fn observe(&self, d: Duration) {
-        let secs = d.as_secs_f64();
-        let slot = DISK_BUCKETS.iter().position(|b| secs <= *b).unwrap_or(DISK_BUCKETS.len());
-        self.buckets[slot].fetch_add(1, Ordering::Relaxed);
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        self.sum_nanos.fetch_add(nanos, Ordering::Relaxed);
-        self.count.fetch_add(1, Ordering::Relaxed);
-    }
-
-    /// The histogram now. Read without a lock, so a scrape during an observation may see its
-    /// count before its bucket; the next scrape sees both.
-    pub fn snapshot(&self) -> HistogramSnapshot {
-        let buckets = DISK_BUCKETS
-            .iter()
-            .chain(&[f64::INFINITY])
-            .zip(&self.buckets)
-            .map(|(bound, n)| (*bound, n.load(Ordering::Relaxed)))
-            .collect();
-        HistogramSnapshot {
-            buckets,
-            sum_seconds: self.sum_nanos.load(Ordering::Relaxed) as f64 / 1e9,
-            count: self.count.load(Ordering::Relaxed),
-        }
-    }
-}
+/// A histogram of disk timings.
+pub type DiskHistogram = Histogram<DiskBuckets>;
 
 /// What the engine counts, read with [`crate::Engine::metrics`].
 #[derive(Debug, Default)]
@@ -82,9 +46,9 @@ pub struct EngineMetrics {
     /// entries, or cut off by a stop (etcd's `proposals_failed_total`).
     pub proposals_failed: AtomicU64,
     /// The log's fsyncs.
-    pub wal_fsync: Histogram,
+    pub wal_fsync: DiskHistogram,
     /// The store's backend transactions, with their sync when one was asked for.
-    pub backend_commit: Histogram,
+    pub backend_commit: DiskHistogram,
     /// Log compactions (each one after a store sync).
     pub log_compactions: AtomicU64,
     /// Snapshots sent to followers.
@@ -178,11 +142,13 @@ impl File for TimedFile {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]
     fn histogram_buckets_have_etcd_bounds_and_one_above() {
-        let h = Histogram::default();
+        let h = DiskHistogram::default();
         h.observe(Duration::from_micros(500));
         h.observe(Duration::from_millis(3));
         h.observe(Duration::from_secs(10));

@@ -114,17 +114,22 @@ fn histogram(
     help: &str,
     h: &HistogramSnapshot,
 ) -> std::fmt::Result {
-    let mut m: MetricEncoder = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    let m: MetricEncoder = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    encode_histogram(m, h)
+}
+
+/// One histogram's series, on `m` as it is (one without labels, or a family's member).
+fn encode_histogram(mut m: MetricEncoder, h: &HistogramSnapshot) -> std::fmt::Result {
     // The encoder adds the buckets up, and writes a bound of f64::MAX as `+Inf`.
-    let mut buckets = [(0.0, 0); 15];
-    for (slot, (bound, n)) in buckets.iter_mut().zip(&h.buckets) {
-        *slot = (if bound.is_finite() { *bound } else { f64::MAX }, *n);
-    }
-    let buckets = &buckets[..h.buckets.len().min(15)];
+    let buckets: Vec<(f64, u64)> = h
+        .buckets
+        .iter()
+        .map(|(bound, n)| (if bound.is_finite() { *bound } else { f64::MAX }, *n))
+        .collect();
     m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
         h.sum_seconds,
         h.count,
-        buckets,
+        &buckets,
         None,
     )
 }
@@ -275,8 +280,15 @@ fn disk_and_store(engine: &Engine, enc: &mut DescriptorEncoder) -> std::fmt::Res
     )
 }
 
-/// etcd's `etcd_network_peer_*_bytes_total`, by peer id in hex.
+/// etcd's `etcd_network_peer_*_bytes_total` and `_round_trip_time_seconds`, by peer id in hex.
 fn network(engine: &Engine, enc: &mut DescriptorEncoder) -> std::fmt::Result {
+    let help = "Round-Trip-Time histogram between peers";
+    let name = "etcd_network_peer_round_trip_time_seconds";
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (id, h) in engine.metrics().peers.round_trips() {
+        let to = format!("{:x}", id.0);
+        encode_histogram(m.encode_family(&[("To", to.as_str())])?, &h)?;
+    }
     let totals = engine.metrics().peers.totals();
     let ids: Vec<String> = totals.iter().map(|(id, _, _)| format!("{:x}", id.0)).collect();
     let help = "The total number of bytes sent to peers.";

@@ -4,7 +4,7 @@
 //! A connection opens with a Hello of [`HELLO_LEN`] bytes, fixed width and little-endian, so the
 //! acceptor can read it in one exact read before it trusts anything:
 //! `magic "CAIRNPR1" | version u16 | kind u8 (0 messages, 1 snapshot in one frame, 2 snapshot
-//! in chunks, 3 members query) | cluster_id u64 | from u64 | to u64`. Later versions must keep
+//! in chunks, 3 members query, 4 round-trip probes) | cluster_id u64 | from u64 | to u64`. Later versions must keep
 //! magic and version first, so that this one can name them.
 //!
 //! Everything after it travels in frames: `len u32 | crc32c(payload) u32 | payload`, both
@@ -35,6 +35,9 @@
 //!   4 Done `len | crc u32 as varint`. The sender offers, the receiver answers with the offset
 //!   it already holds of that image, the sender sends chunks from there and then Done, and the
 //!   receiver ends with a reply frame.
+//!
+//! - probe payload: `seq`. The caller sends one, the peer sends the same frame back at once: the
+//!   caller times the round trip (etcd's `etcd_network_peer_round_trip_time_seconds`).
 //!
 //! Decoding is strict and structural: unknown tags, flags other than 0 or 1, varints over 64
 //! bits, unordered id sets and trailing bytes are errors, so a peer speaking a changed format
@@ -74,6 +77,8 @@ pub enum StreamKind {
     SnapshotStream,
     /// A joining member asks for the membership ([`crate::members`]).
     Members,
+    /// Round-trip probes, each answered at once ([`encode_probe`]).
+    Probe,
 }
 
 /// One frame of a chunked snapshot stream.
@@ -197,6 +202,7 @@ pub fn encode_hello(h: &Hello, out: &mut Vec<u8>) {
         StreamKind::Snapshot => 1,
         StreamKind::SnapshotStream => 2,
         StreamKind::Members => 3,
+        StreamKind::Probe => 4,
     });
     out.extend_from_slice(&h.cluster_id.to_le_bytes());
     out.extend_from_slice(&h.from.0.to_le_bytes());
@@ -218,6 +224,7 @@ pub fn decode_hello(buf: &[u8; HELLO_LEN]) -> Result<Hello, DecodeError> {
         1 => StreamKind::Snapshot,
         2 => StreamKind::SnapshotStream,
         3 => StreamKind::Members,
+        4 => StreamKind::Probe,
         tag => return Err(DecodeError::UnknownTag { what: "stream kind", tag }),
     };
     let u64_at = |at: usize| {
@@ -302,6 +309,21 @@ pub fn decode_reply(payload: Bytes, crc: u32) -> Result<Result<(), String>, Deco
     };
     r.finish()?;
     Ok(reply)
+}
+
+/// Appends a probe frame carrying `seq`, the prober's count; the peer answers with the same
+/// frame, so the prober can tell its answer from a late answer to an earlier probe.
+pub fn encode_probe(seq: u64, out: &mut Vec<u8>) {
+    frame(out, |out| put_varint(out, seq));
+}
+
+/// Checks a probe payload against the crc and decodes its `seq`.
+pub fn decode_probe(payload: Bytes, crc: u32) -> Result<u64, DecodeError> {
+    check_crc(&payload, crc)?;
+    let mut r = Reader { buf: payload, pos: 0 };
+    let seq = r.varint()?;
+    r.finish()?;
+    Ok(seq)
 }
 
 const SNAP_OFFER: u8 = 1;

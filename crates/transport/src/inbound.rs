@@ -67,6 +67,8 @@ enum InboundError {
     Stream(ReceiveError),
     /// The TLS handshake failed: no certificate, or one our CA did not sign.
     Tls(std::io::Error),
+    /// A probe connection carried something else than probes.
+    Probe(crate::outbound::DialError),
 }
 
 impl fmt::Display for InboundError {
@@ -86,6 +88,7 @@ impl fmt::Display for InboundError {
             InboundError::Handle => f.write_str("a snapshot message carried a local handle"),
             InboundError::Stream(e) => write!(f, "receiving a snapshot: {e}"),
             InboundError::Tls(e) => write!(f, "TLS handshake: {e}"),
+            InboundError::Probe(e) => write!(f, "answering probes: {e}"),
         }
     }
 }
@@ -184,6 +187,10 @@ impl Acceptor {
             StreamKind::Messages => self.messages(conn, hello.from).await,
             StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
             StreamKind::SnapshotStream => self.snapshot_stream(conn, hello.from).await,
+            StreamKind::Probe => crate::probe::answer(conn).await.map_err(|e| match e {
+                crate::outbound::DialError::Io(e) => InboundError::Io(e),
+                e => InboundError::Probe(e),
+            }),
             StreamKind::Members => Ok(()),
         }
     }

@@ -26,10 +26,12 @@
 //! engine is embedded in a program with or without a runtime.
 
 pub mod codec;
+pub mod histogram;
 pub mod images;
 mod inbound;
 pub mod members;
 mod outbound;
+mod probe;
 mod stream_in;
 mod stream_out;
 pub mod tls;
@@ -45,6 +47,7 @@ use tokio::runtime::Runtime;
 
 pub use images::{ImageSource, OutgoingImages};
 pub use inbound::MAX_INBOUND_CONNS;
+pub use probe::PROBE_INTERVAL;
 pub use stream_out::SnapshotStats;
 pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles};
 
@@ -159,6 +162,8 @@ pub struct TransportConfig {
     pub client_tls: Option<Arc<ClientTls>>,
     /// How peer host names are looked up again at each dial; `None`: the system's resolver.
     pub resolver: Option<Resolver>,
+    /// How often each peer's round trip is timed ([`PROBE_INTERVAL`], etcd's); zero: never.
+    pub probe_interval: std::time::Duration,
 }
 
 /// Why a peer URL cannot be dialed.
@@ -210,18 +215,21 @@ pub fn peer_addrs(
 }
 
 /// Bytes sent to and received from each peer, as frames are written and read (etcd's
-/// `etcd_network_peer_sent_bytes_total` and `_received_bytes_total`). A connection looks its
-/// peer's counters up once; each frame then costs an atomic add.
+/// `etcd_network_peer_sent_bytes_total` and `_received_bytes_total`), and the round trips of
+/// probes to it (`etcd_network_peer_round_trip_time_seconds`). A connection looks its peer's
+/// counters up once; each frame then costs an atomic add.
 #[derive(Debug, Default)]
 pub struct PeerTraffic {
     peers: std::sync::Mutex<BTreeMap<NodeId, Arc<PeerBytes>>>,
 }
 
-/// One peer's byte counts.
+/// One peer's byte counts and round trips.
 #[derive(Debug, Default)]
 pub struct PeerBytes {
     pub sent: std::sync::atomic::AtomicU64,
     pub received: std::sync::atomic::AtomicU64,
+    /// Each answered probe's round trip (see [`PROBE_INTERVAL`]).
+    pub rtt: histogram::Histogram<histogram::RttBuckets>,
 }
 
 impl PeerBytes {
@@ -243,6 +251,14 @@ impl PeerTraffic {
         let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
         peers.iter().map(|(id, b)| (*id, b.sent.load(Relaxed), b.received.load(Relaxed))).collect()
     }
+
+    /// The round trips to every peer probed at least once (as etcd's series appear with the
+    /// first observation).
+    pub fn round_trips(&self) -> Vec<(NodeId, histogram::HistogramSnapshot)> {
+        let peers = self.peers.lock().unwrap_or_else(|e| e.into_inner());
+        let probed = peers.iter().map(|(id, b)| (*id, b.rtt.snapshot()));
+        probed.filter(|(_, h)| h.count > 0).collect()
+    }
 }
 
 impl TransportConfig {
@@ -263,6 +279,7 @@ impl TransportConfig {
             snapshot_stats: Arc::default(),
             client_tls: None,
             resolver: None,
+            probe_interval: PROBE_INTERVAL,
         }
     }
 }
@@ -319,6 +336,7 @@ impl Transport {
             sink,
             traffic: cfg.traffic.clone(),
             resolver: cfg.resolver.clone(),
+            probe_interval: cfg.probe_interval,
         };
         let mut peers = BTreeMap::new();
         for (id, addrs) in &cfg.peers {

@@ -62,6 +62,8 @@ pub(crate) struct Link {
     pub(crate) traffic: Arc<crate::PeerTraffic>,
     /// Looks peer host names up again at each dial; `None`: the system's resolver.
     pub(crate) resolver: Option<crate::Resolver>,
+    /// How often each peer's round trip is timed ([`crate::probe`]); zero: never.
+    pub(crate) probe_interval: Duration,
 }
 
 /// Why a connection to a peer failed.
@@ -74,6 +76,11 @@ pub(crate) enum DialError {
     Protocol(DecodeError),
     /// The TLS handshake failed (an untrusted certificate, a name it does not hold).
     Tls(std::io::Error),
+    /// A round-trip probe was answered with another probe's number.
+    WrongProbe {
+        sent: u64,
+        got: u64,
+    },
 }
 
 impl fmt::Display for DialError {
@@ -84,6 +91,9 @@ impl fmt::Display for DialError {
             DialError::Timeout => f.write_str("timed out"),
             DialError::Refused(why) => write!(f, "refused by the peer: {why}"),
             DialError::Protocol(e) => write!(f, "peer broke the protocol: {e}"),
+            DialError::WrongProbe { sent, got } => {
+                write!(f, "peer answered probe {sent} with probe {got}")
+            }
         }
     }
 }
@@ -103,6 +113,8 @@ impl From<DecodeError> for DialError {
 /// The sending side toward one peer: a bounded queue drained by a writer task.
 pub(crate) struct Peer {
     id: NodeId,
+    /// The round-trip prober's task, stopped with the peer.
+    prober: Option<tokio::task::AbortHandle>,
     tx: mpsc::Sender<Message>,
     /// Set once the peer was reported unreachable; cleared by the next successful write, so a
     /// peer that stays down is reported once, not for every dropped heartbeat.
@@ -121,15 +133,28 @@ impl Peer {
         let (tx, rx) = mpsc::channel(queue_len.max(1));
         let reported = Arc::new(AtomicBool::new(false));
         let sent = link.traffic.peer(id);
+        let prober = (!link.probe_interval.is_zero()).then(|| {
+            let every = link.probe_interval;
+            let probe = crate::probe::run(link.clone(), id, addrs.clone(), every, sent.clone());
+            rt.spawn(probe).abort_handle()
+        });
         let writer =
             Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone(), sent };
         rt.spawn(writer.run());
-        Peer { id, tx, reported, sink: link.sink.clone() }
+        Peer { id, prober, tx, reported, sink: link.sink.clone() }
     }
 
     pub(crate) fn send(&self, msg: Message) {
         if self.tx.try_send(msg).is_err() {
             report_unreachable(&self.reported, &*self.sink, self.id);
+        }
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if let Some(p) = &self.prober {
+            p.abort();
         }
     }
 }

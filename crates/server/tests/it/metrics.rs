@@ -314,3 +314,71 @@ fn server_until_named(server: Running, name: &str) -> Running {
     }
     server
 }
+
+/// The member id a scrape names in `etcd_server_id{server_id="..."}`.
+fn server_id(s: &HashMap<String, f64>) -> String {
+    let series = s.keys().find(|k| k.starts_with("etcd_server_id{")).expect("etcd_server_id");
+    let (_, rest) = series.split_once("server_id=\"").expect("a server_id label");
+    rest.trim_end_matches("\"}").to_string()
+}
+
+/// Two members: each times its round trips to the other and counts the bytes between them,
+/// under etcd's names and with the peer's id as etcd labels it.
+#[test]
+fn peers_are_probed_and_their_traffic_counted() {
+    let ports: Vec<u16> = (0..4).map(|_| free_port()).collect();
+    let url = |p: u16| format!("http://127.0.0.1:{p}");
+    let initial = format!("m0={},m1={}", url(ports[2]), url(ports[3]));
+    let data = tmp("peers");
+    let servers: Vec<Running> = (0..2)
+        .map(|i| {
+            let args = [
+                "--name".to_string(),
+                format!("m{i}"),
+                "--data-dir".into(),
+                data.join(format!("m{i}")).display().to_string(),
+                "--listen-client-urls".into(),
+                url(ports[i]),
+                "--listen-peer-urls".into(),
+                url(ports[2 + i]),
+                "--initial-advertise-peer-urls".into(),
+                url(ports[2 + i]),
+                "--initial-cluster".into(),
+                initial.clone(),
+            ];
+            Running::start(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[])
+        })
+        .collect();
+    let ids: Vec<String> =
+        ports[..2].iter().map(|p| server_id(&samples(&wait_for(*p, "/metrics")))).collect();
+    // The second member found the first up at its first probe; the first probes again within
+    // etcd's 4 s interval.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for (me, peer) in [(0, 1), (1, 0)] {
+        let to = format!("{{To=\"{}\"}}", ids[peer]);
+        let from = format!("{{From=\"{}\"}}", ids[peer]);
+        let count = format!("etcd_network_peer_round_trip_time_seconds_count{to}");
+        let sent = format!("etcd_network_peer_sent_bytes_total{to}");
+        let received = format!("etcd_network_peer_received_bytes_total{from}");
+        // Raft's first messages (the election) may come after the first probe.
+        let s = loop {
+            let s = samples(&wait_for(ports[me], "/metrics"));
+            let moved = |series: &str| s.get(series).is_some_and(|n| *n >= 1.0);
+            if moved(&count) && moved(&sent) && moved(&received) {
+                break s;
+            }
+            assert!(Instant::now() < deadline, "no round trip or traffic from m{me} to m{peer}");
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        // The encoder writes `le` before the family's labels.
+        let inf = format!(
+            "etcd_network_peer_round_trip_time_seconds_bucket{{le=\"+Inf\",To=\"{}\"}}",
+            ids[peer]
+        );
+        assert_eq!(value(&s, &inf), value(&s, &count));
+        let sum = value(&s, &format!("etcd_network_peer_round_trip_time_seconds_sum{to}"));
+        assert!(sum > 0.0 && sum < 5.0 * value(&s, &count), "{sum}");
+    }
+    drop(servers);
+    let _ = std::fs::remove_dir_all(&data);
+}

@@ -9,9 +9,9 @@ use cairn_raft::{
     LogIndex, Message, MessageBody, NodeId, ReadCtx, RejectHint, Snapshot, SnapshotMeta, Term,
 };
 use cairn_transport::codec::{
-    decode_batch, decode_hello, decode_reply, decode_snap_frame, encode_batch, encode_hello,
-    encode_reply, encode_snap_frame, parse_frame_header, DecodeError, Hello, SnapFrame, StreamKind,
-    FRAME_HEADER_LEN, HELLO_LEN, MAGIC, MAX_REASON_LEN, VERSION,
+    decode_batch, decode_hello, decode_probe, decode_reply, decode_snap_frame, encode_batch,
+    encode_hello, encode_probe, encode_reply, encode_snap_frame, parse_frame_header, DecodeError,
+    Hello, SnapFrame, StreamKind, FRAME_HEADER_LEN, HELLO_LEN, MAGIC, MAX_REASON_LEN, VERSION,
 };
 use proptest::collection::{btree_set, vec};
 use proptest::prelude::*;
@@ -212,11 +212,13 @@ proptest! {
     }
 
     #[test]
-    fn hellos_round_trip(cluster_id in any::<u64>(), from in node(), to in node(), snap in 0u8..3) {
+    fn hellos_round_trip(cluster_id in any::<u64>(), from in node(), to in node(), snap in 0u8..5) {
         let kind = match snap {
             0 => StreamKind::Messages,
             1 => StreamKind::Snapshot,
-            _ => StreamKind::SnapshotStream,
+            2 => StreamKind::SnapshotStream,
+            3 => StreamKind::Members,
+            _ => StreamKind::Probe,
         };
         let h = Hello { cluster_id, from, to, kind };
         let mut buf = vec![0xAA];
@@ -243,6 +245,26 @@ proptest! {
         let (payload, crc) = split_frame(buf);
         prop_assert_eq!(decode_reply(payload, crc), Ok(Err(expected)));
     }
+
+    #[test]
+    fn probes_round_trip(seq in any::<u64>()) {
+        let mut buf = vec![0xAA];
+        encode_probe(seq, &mut buf);
+        let (payload, crc) = split_frame(buf[1..].to_vec());
+        prop_assert_eq!(decode_probe(payload, crc), Ok(seq));
+    }
+}
+
+#[test]
+fn malformed_probes_are_refused() {
+    let check = |p: &[u8]| decode_probe(Bytes::copy_from_slice(p), crc32c::crc32c(p));
+    assert_eq!(check(&[]), Err(DecodeError::Truncated));
+    assert_eq!(check(&[7, 0]), Err(DecodeError::TrailingBytes));
+    assert_eq!(check(&[0x80]), Err(DecodeError::Truncated));
+    assert_eq!(
+        decode_probe(Bytes::from_static(&[7]), 0),
+        Err(DecodeError::ChecksumMismatch { expected: 0, actual: crc32c::crc32c(&[7]) })
+    );
 }
 
 #[test]
@@ -397,7 +419,9 @@ fn strangers_and_other_versions_are_refused() {
     b[10] = 3;
     assert_eq!(decode_hello(&b).map(|h| h.kind), Ok(StreamKind::Members));
     b[10] = 4;
-    assert_eq!(decode_hello(&b), Err(DecodeError::UnknownTag { what: "stream kind", tag: 4 }));
+    assert_eq!(decode_hello(&b).map(|h| h.kind), Ok(StreamKind::Probe));
+    b[10] = 5;
+    assert_eq!(decode_hello(&b), Err(DecodeError::UnknownTag { what: "stream kind", tag: 5 }));
 }
 
 fn snap_frame() -> impl Strategy<Value = SnapFrame> {

@@ -3,6 +3,7 @@
 
 mod codec;
 mod common;
+mod probe;
 mod snapshot_stream;
 mod tls;
 mod transport;

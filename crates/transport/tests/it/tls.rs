@@ -16,7 +16,8 @@ use bytes::Bytes;
 use cairn_raft::{LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
 use cairn_transport::tls::common_name;
 use cairn_transport::{
-    ClientTls, Listener, PeerAddr, ServerTls, TlsError, TlsFiles, Transport, TransportConfig,
+    ClientTls, Listener, PeerAddr, PeerTraffic, ServerTls, TlsError, TlsFiles, Transport,
+    TransportConfig,
 };
 use pki::Ca;
 use rustls_pki_types::pem::PemObject;
@@ -35,14 +36,29 @@ fn member(
     addr: SocketAddr,
     files: &TlsFiles,
 ) -> (Transport, Receiver<Event>) {
+    let (t, rx, _) = member_traffic(local, l, peer, addr, files);
+    (t, rx)
+}
+
+/// [`member`], probing its peer every 20 ms, with where it keeps the round trips.
+fn member_traffic(
+    local: NodeId,
+    l: TcpListener,
+    peer: NodeId,
+    addr: SocketAddr,
+    files: &TlsFiles,
+) -> (Transport, Receiver<Event>, Arc<PeerTraffic>) {
     let mut cfg = TransportConfig::new(7, local);
+    cfg.probe_interval = Duration::from_millis(20);
+    let traffic = cfg.traffic.clone();
     let server = ServerTls::new(files.clone(), &[]).expect("server TLS");
     cfg.listeners.push(Listener { socket: l, tls: Some(Arc::new(server)) });
     let client = Arc::new(ClientTls::new(files.clone()).expect("client TLS"));
     let name = ServerName::try_from("localhost").expect("a name").to_owned();
     cfg.peers =
         BTreeMap::from([(peer, vec![PeerAddr { addr, host: None, tls: Some((name, client)) }])]);
-    start_with(cfg)
+    let (t, rx) = start_with(cfg);
+    (t, rx, traffic)
 }
 
 /// No message arrives within `wait`.
@@ -63,7 +79,7 @@ fn members_of_one_ca_exchange_messages_and_snapshots_over_mutual_tls() {
     let ca = Ca::new(&dir, "peer");
     let (fa, fb) = (ca.files("a", "a", true), ca.files("b", "b", true));
     let ((la, aa), (lb, ab)) = (listener(), listener());
-    let (ta, ra) = member(A, la, B, ab, &fa);
+    let (ta, ra, traffic) = member_traffic(A, la, B, ab, &fa);
     let (tb, rb) = member(B, lb, A, aa, &fb);
     ta.send([heartbeat(A, B, 1)]);
     tb.send([heartbeat(B, A, 2)]);
@@ -81,6 +97,12 @@ fn members_of_one_ca_exchange_messages_and_snapshots_over_mutual_tls() {
             Event::Unreachable(_) => {}
             e => panic!("unexpected {e:?}"),
         }
+    }
+    // Round-trip probes go through TLS too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while traffic.round_trips().iter().all(|(id, h)| *id != B || h.count == 0) {
+        assert!(std::time::Instant::now() < deadline, "no probe round trip over TLS");
+        std::thread::sleep(Duration::from_millis(10));
     }
     let _ = std::fs::remove_dir_all(dir);
 }
