@@ -151,6 +151,31 @@ func keyCount() int {
 // not ready). Returns the new member's index and the moments of the two changes.
 func (c *cluster) join(cl *clientv3.Client, with []int) (int, []time.Time) {
 	c.t.Helper()
+	i, id, changes := c.addLearner(cl, with)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c.failIfCrashed()
+		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		at := time.Now()
+		_, err := cl.MemberPromote(cx, id)
+		cancel()
+		if err == nil {
+			return i, append(changes, at)
+		}
+		if !errors.Is(err, rpctypes.ErrMemberLearnerNotReady) {
+			c.t.Fatalf("member promote %x: %v", id, err)
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("the learner %x never caught up; logs in %s", id, c.root)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// addLearner adds a learner through cl and starts it from an empty data directory with
+// --initial-cluster-state existing. Returns its index, its id and the moment it was added.
+func (c *cluster) addLearner(cl *clientv3.Client, with []int) (int, uint64, []time.Time) {
+	c.t.Helper()
 	i := c.addMember(with)
 	cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	added, err := cl.MemberAddAsLearner(cx, []string{c.member(i).peerURL()})
@@ -160,23 +185,34 @@ func (c *cluster) join(cl *clientv3.Client, with []int) (int, []time.Time) {
 	}
 	changes := []time.Time{time.Now()}
 	c.start(i)
+	return i, added.Member.ID, changes
+}
+
+// joinAuto is join on a cluster started with --auto-promote-learners: nobody calls
+// MemberPromote; the leader promotes the learner once it has caught up. Returns the new
+// member's index and the moments of the two changes (the promotion's as the last moment it
+// was still seen a learner).
+func (c *cluster) joinAuto(cl *clientv3.Client, with []int) (int, []time.Time) {
+	c.t.Helper()
+	i, id, changes := c.addLearner(cl, with)
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		c.failIfCrashed()
-		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		at := time.Now()
-		_, err := cl.MemberPromote(cx, added.Member.ID)
+		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		list, err := cl.MemberList(cx)
 		cancel()
 		if err == nil {
-			return i, append(changes, at)
-		}
-		if !errors.Is(err, rpctypes.ErrMemberLearnerNotReady) {
-			c.t.Fatalf("member promote %x: %v", added.Member.ID, err)
+			for _, m := range list.Members {
+				if m.ID == id && !m.IsLearner {
+					return i, append(changes, at)
+				}
+			}
 		}
 		if time.Now().After(deadline) {
-			c.t.Fatalf("the learner %x never caught up; logs in %s", added.Member.ID, c.root)
+			c.t.Fatalf("the learner %x was never promoted (last list error: %v); logs in %s", id, err, c.root)
 		}
-		time.Sleep(100 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond)
 	}
 }
 
@@ -184,16 +220,31 @@ func (c *cluster) join(cl *clientv3.Client, with []int) (int, []time.Time) {
 // three, each new member joining as a learner from an empty directory and promoted once it
 // caught up, while a writer keeps writing; every member ends with the same HashKV.
 func TestGrowFromOneToThree(t *testing.T) {
+	growFromOneToThree(t, false)
+}
+
+// TestGrowFromOneToThreeWithAutomaticPromotion: the same journey with --auto-promote-learners,
+// where the leader promotes each learner by itself once it has caught up.
+func TestGrowFromOneToThreeWithAutomaticPromotion(t *testing.T) {
+	growFromOneToThree(t, true)
+}
+
+func growFromOneToThree(t *testing.T, auto bool) {
 	if etcdBin() != "" {
 		t.Skip("cairn's journey (etcd would need its own member add output)")
 	}
-	c := startCluster(t, 1, defaultBin(t))
+	var extra []string
+	join := (*cluster).join
+	if auto {
+		extra, join = []string{"--auto-promote-learners"}, (*cluster).joinAuto
+	}
+	c := startCluster(t, 1, defaultBin(t), extra...)
 	cl := c.client(c.members[0].url)
 	c.leader(cl)
 	load(t, cl, keyCount())
 	w := startWriter(cl)
-	_, first := c.join(cl, []int{0})
-	_, second := c.join(cl, []int{0, 1})
+	_, first := join(c, cl, []int{0})
+	_, second := join(c, cl, []int{0, 1})
 	time.Sleep(500 * time.Millisecond) // writes after the last change reach all three
 	w.finish(t, append(first, second...), 50)
 	c.leader(c.client(c.endpoints()...))

@@ -67,6 +67,10 @@ pub struct EngineConfig {
     pub auth_token_ttl: Duration,
     /// Learners the cluster may hold at once (etcd's `--max-learners`). Default 1.
     pub max_learners: usize,
+    /// A leader promotes a learner by itself once it has caught up ([`AutoPromote::new`]'s
+    /// policy), as etcd users have asked for (etcd issues 15107, 21611). Default false: etcd
+    /// leaves promotion to the operator's MemberPromote.
+    pub auto_promote_learners: bool,
     /// Bytes a second one snapshot transfer to a follower sends at most
     /// (`--snapshot-send-rate`). Default 0: unlimited, as etcd, which has no such limit. A
     /// transfer runs on its own connection and task, so it never holds up the leader's
@@ -112,6 +116,7 @@ impl EngineConfig {
             bcrypt_cost: 10,
             auth_token_ttl: Duration::from_secs(300),
             max_learners: 1,
+            auto_promote_learners: false,
             snapshot_send_rate: 0,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
@@ -151,6 +156,28 @@ pub enum ReplicaBug {
     LeaseNeverExpires,
 }
 
+/// When a leader promotes a learner by itself (`--auto-promote-learners`): once the learner's
+/// log has stayed close to the leader's for a while. Close means within `max_lag` entries of the
+/// leader's last index and at 90% of it or more (etcd's readiness for MemberPromote, which a
+/// short log could pass far behind); the while makes a learner that touches the line on one
+/// tick and falls back on the next wait, and the leader must have heard from it within an
+/// election timeout, so a learner that is down is never made a voter.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AutoPromote {
+    /// Entries the learner's log may lack at most.
+    pub max_lag: u64,
+    /// Ticks it must stay that close, without a break.
+    pub stable_ticks: u64,
+}
+
+impl AutoPromote {
+    /// cairn's policy: within 1,000 entries (a few tens of milliseconds of a busy leader's
+    /// writes) for five election timeouts (5 s with etcd's default timers).
+    pub fn new(election_timeout_ticks: u32) -> AutoPromote {
+        AutoPromote { max_lag: 1000, stable_ticks: 5 * u64::from(election_timeout_ticks) }
+    }
+}
+
 /// How a [`crate::Replica`] behaves.
 #[derive(Clone, Debug)]
 pub struct ReplicaConfig {
@@ -184,6 +211,9 @@ pub struct ReplicaConfig {
     pub founding_peers: Vec<(u64, Vec<String>)>,
     /// Learners the cluster may hold at once (etcd's `--max-learners`).
     pub max_learners: usize,
+    /// Promote learners once they have caught up, without a MemberPromote; `None` (etcd's
+    /// way, the default) leaves promotion to the operator.
+    pub auto_promote: Option<AutoPromote>,
     /// Makes the images of snapshots sent to followers streamable, off the replica's thread;
     /// `None` (the simulator) puts the image itself in the message.
     pub images: Option<crate::snapshot_images::ImageMaker>,
@@ -207,6 +237,7 @@ impl ReplicaConfig {
             metrics: None,
             founding_peers: Vec::new(),
             max_learners: 1,
+            auto_promote: None,
             images: None,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,

@@ -166,6 +166,8 @@ fn replica_config(
     rc.lease_revoke_rate = cfg.lease_revoke_rate;
     rc.metrics = Some(metrics);
     rc.max_learners = cfg.max_learners;
+    rc.auto_promote =
+        cfg.auto_promote_learners.then(|| crate::AutoPromote::new(rc.raft.election_timeout_ticks));
     if cfg.cluster.is_some() {
         rc.images = Some(crate::ImageMaker::new(store.clone(), images.clone()));
     }

@@ -72,7 +72,7 @@ pub use cairn_raft::{NodeId, Term};
 pub use config::ReplicaBug;
 #[doc(hidden)]
 pub use config::ReplicaConfig;
-pub use config::{min_lease_ttl, EngineConfig, ReadMode};
+pub use config::{min_lease_ttl, AutoPromote, EngineConfig, ReadMode};
 pub use engine::{
     added_member_id, Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, Member,
     RangePlan,

@@ -127,6 +127,12 @@ struct ServeArgs {
     /// Learners the cluster may hold at once (etcd's flag and default).
     #[arg(long, default_value_t = 1)]
     max_learners: usize,
+    /// The leader promotes a learner to a voter by itself once the learner's log has stayed
+    /// within 1,000 entries of the leader's for five election timeouts (cairn's own; etcd
+    /// leaves promotion to `member promote`).
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
+        default_value_t = false)]
+    auto_promote_learners: bool,
     /// Bytes a second one snapshot transfer to a follower sends at most (0: unlimited, as
     /// etcd). Transfers run beside the leader's appends, never in their way; limit them on a
     /// link shared with other traffic.
@@ -258,6 +264,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.lease_revoke_rate = a.lease_revoke_rate;
     let auth_token = auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
+    engine.auto_promote_learners = a.auto_promote_learners;
     engine.snapshot_send_rate = a.snapshot_send_rate;
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;

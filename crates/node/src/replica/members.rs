@@ -152,6 +152,49 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
     }
 
+    /// Automatic promotion (`--auto-promote-learners`, [`crate::AutoPromote`]), on each tick
+    /// of a leader: the first learner that has stayed close to this leader's log long enough,
+    /// and that passes MemberPromote's checks, is proposed as a voter, answered to no one (the
+    /// applied membership is the answer). One change at a time, as Raft allows; a learner
+    /// whose promotion the core refuses this tick is tried again on the next.
+    pub(super) fn auto_promote_tick(&mut self) {
+        let Some(policy) = self.cfg.auto_promote else { return };
+        if self.raft.role() != Role::Leader {
+            self.close_since.clear();
+            return;
+        }
+        let learners = self.raft.conf_state().learners.clone();
+        self.close_since.retain(|id, _| learners.contains(id));
+        let matched = |r: &Self, n: NodeId| r.raft.progress(n).map_or(0, |p| p.matched().0);
+        let leader = matched(self, self.raft.id()).max(self.raft.last_index().0);
+        let mut due = None;
+        for id in learners {
+            let at = matched(self, id);
+            let close = caught_up(at, leader)
+                && leader.saturating_sub(at) <= policy.max_lag
+                && self.recently_heard(id);
+            if !close {
+                self.close_since.remove(&id);
+                continue;
+            }
+            let since = *self.close_since.entry(id).or_insert(self.ticks);
+            if due.is_none() && self.ticks - since >= policy.stable_ticks {
+                due = Some(id);
+            }
+        }
+        let Some(id) = due else { return };
+        let Ok((changes, cmd)) = self.plan_member_change(&MemberChange::Promote { id: id.0 })
+        else {
+            return;
+        };
+        let data = crate::command::encode(self.own_ids.next_id().0, &cmd);
+        let cc = ConfChange { changes, context: data, ..ConfChange::default() };
+        if self.raft.propose_conf_change(cc).is_ok() {
+            tracing::info!(learner = %format!("{:x}", id.0), lag = leader.saturating_sub(matched(self, id)), "promoting a learner that has caught up");
+            self.close_since.remove(&id);
+        }
+    }
+
     /// The member exists: not removed, and named by the configuration.
     fn check_member(&self, id: u64) -> Result<(), EngineError> {
         if self.raft.conf_state().members().contains(&NodeId(id)) {

@@ -208,6 +208,9 @@ pub struct Replica<D: Dir, B: Backend, T> {
     failed: Option<StorageError>,
     /// The tick each peer was last heard from, for the membership's health checks.
     heard: std::collections::HashMap<NodeId, u64>,
+    /// The tick since which each learner has stayed close to this leader's log, for
+    /// automatic promotion (`members.rs`).
+    close_since: std::collections::BTreeMap<NodeId, u64>,
 }
 
 /// The membership a brand-new data directory starts with: the founding members of a new
@@ -301,6 +304,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             work: Work { membership: true, ..Work::default() },
             failed: None,
             heard: std::collections::HashMap::new(),
+            close_since: std::collections::BTreeMap::new(),
             cfg,
         })
     }
@@ -367,6 +371,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.expire_moves();
         self.expire_renewals();
         self.lessor_tick();
+        self.auto_promote_tick();
     }
 
     /// The committer made the store durable up to `index` (asked for in [`Work::store_sync`]).

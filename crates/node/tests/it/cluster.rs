@@ -632,3 +632,42 @@ async fn a_member_that_missed_its_removal_stops_when_a_peer_says_so() {
     assert!(eng(&ms[f]).get("before").await.is_err(), "a removed member serves nothing");
     put_retrying(eng(&ms[l]), "after", "1").await;
 }
+
+/// With `auto_promote_learners`, a leader makes a learner a voter by itself once it has caught
+/// up and stayed so, and never a learner that is not running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_up_learner_is_promoted_by_the_leader_itself() {
+    let mut ms = configs("auto-promote", 1, 20);
+    ms[0].cfg.auto_promote_learners = true;
+    start(&mut ms[0]);
+    leader(&ms);
+    for i in 0..60 {
+        put_retrying(eng(&ms[0]), &format!("k{i:02}"), &i.to_string()).await;
+    }
+    let url = format!("http://127.0.0.1:{}", free_ports(1)[0]);
+    let added = eng(&ms[0]).member_add(vec![url.clone()], true).await.expect("add a learner");
+    // Not started: the leader hears nothing from it, so it stays a learner (a promotion would
+    // also leave the cluster without a quorum). 100 ticks are 20 stability windows.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let learners = |e: &Engine| e.member_list().iter().filter(|m| m.is_learner).count();
+    assert_eq!(learners(eng(&ms[0])), 1, "a learner that is down was promoted");
+    let mut new = joiner(&ms, "auto-promote-join", added.id, &url);
+    start(&mut new);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while learners(eng(&ms[0])) > 0 {
+        assert!(Instant::now() < deadline, "the caught-up learner was never promoted");
+        let _ = put(eng(&ms[0]), "during", "1").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A voter now: it serves writes, and it was caught up when it became one.
+    assert!(eng(&ms[0]).member_list().len() == 2);
+    put_retrying(eng(&new), "via-new", "1").await;
+    let rev = eng(&ms[0]).status().revision;
+    while eng(&new).status().revision < rev {
+        assert!(Instant::now() < deadline, "the new voter fell behind");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(eng(&new).hash_kv(rev).expect("hash"), eng(&ms[0]).hash_kv(rev).expect("hash"));
+    stop(&mut new);
+    stop(&mut ms[0]);
+}
