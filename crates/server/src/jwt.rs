@@ -220,6 +220,21 @@ fn public_key(alg: Algorithm, pem: &[u8]) -> Result<DecodingKey, AuthTokenError>
     key.map_err(|e| bad_key("pub-key", e))
 }
 
+/// Whether a token's `exp` claim has passed (no leeway), read as jsonwebtoken reads it for the
+/// methods it checks: whole seconds, a fraction rounded. One that is not a number would escape
+/// the check, and a negative one escapes jsonwebtoken's: etcd refuses both, and so does cairn.
+fn expired(exp: &serde_json::Value, now: u64) -> bool {
+    match (exp.as_u64(), exp.as_f64()) {
+        (Some(exp), _) => exp < now,
+        (None, Some(exp)) => exp.round() < now as f64,
+        (None, None) => true,
+    }
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
 impl Jwt {
     fn new(options: &BTreeMap<&str, &str>) -> Result<Jwt, AuthTokenError> {
         let ttl = match options.get("ttl").filter(|t| !t.is_empty()) {
@@ -283,11 +298,10 @@ impl Jwt {
     /// A token for `username` at auth revision `revision`, valid for the configured TTL.
     pub(crate) fn assign(&self, username: &str, revision: u64) -> Result<String, AssignError> {
         let key = self.encoding.as_ref().ok_or(AssignError::VerifyOnly)?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let claims = serde_json::json!({
             "username": username,
             "revision": revision,
-            "exp": (now + self.ttl).as_secs(),
+            "exp": (unix_now() + self.ttl).as_secs(),
         });
         jsonwebtoken::encode(&Header::new(self.alg), &claims, key)
             .map_err(|e| AssignError::Sign(e.to_string()))
@@ -300,8 +314,7 @@ impl Jwt {
             jsonwebtoken::decode::<serde_json::Value>(token, &self.decoding, &self.validation)
                 .ok()?;
         let claims = data.claims.as_object()?;
-        // An `exp` that is not a number would escape the expiry check: etcd refuses it.
-        if claims.get("exp").is_some_and(|e| !e.is_number()) {
+        if claims.get("exp").is_some_and(|exp| expired(exp, unix_now().as_secs())) {
             return None;
         }
         let username = claims.get("username")?.as_str()?.to_string();

@@ -141,6 +141,11 @@ fn expired_forged_and_confused_tokens_are_refused() {
     let ok = |exp: u64| serde_json::json!({"username": "alice", "revision": 2, "exp": exp});
     assert!(member.info(&signed(&member, Algorithm::RS256, ok(now() + 30))).is_some());
     assert_eq!(member.info(&signed(&member, Algorithm::RS256, ok(now() - 1))), None, "expired");
+    // jsonwebtoken does not check an exp it cannot read as a u64; etcd refuses a negative one.
+    for exp in [-1.0, -1e10, (now() - 1) as f64 + 0.4] {
+        let claims = serde_json::json!({"username": "alice", "revision": 2, "exp": exp});
+        assert_eq!(member.info(&signed(&member, Algorithm::RS256, claims)), None, "exp {exp}");
+    }
     // etcd does not require exp.
     let no_exp = serde_json::json!({"username": "alice", "revision": 2});
     assert!(member.info(&signed(&member, Algorithm::RS256, no_exp)).is_some());
