@@ -342,6 +342,48 @@ fn es512_signatures_of_the_wrong_shape_are_refused_without_a_panic() {
     }
 }
 
+/// ES512 tokens made by golang-jwt v4 (etcd 3.5's JWT library) with the test key, read from
+/// ec521.pem and from ec521-sec1.pem, expiring in 2100: the user, revision and token. (cairn's
+/// tokens passed golang-jwt's `jwt.Parse` with ec521.pub.pem, checked by hand.)
+const GOLANG_JWT_ES512: [(&str, u64, &str); 2] = [
+    (
+        "alice",
+        7,
+        concat!(
+            "eyJhbGciOiJFUzUxMiIsInR5cCI6IkpXVCJ9.",
+            "eyJleHAiOjQxMDI0NDQ4MDAsInJldmlzaW9uIjo3LCJ1c2VybmFtZSI6ImFsaWNlIn0.",
+            "ARk-hE7mgj42TeE94XCMpnxDIuyOD981RnFZM8xqUPn_N7vjwIUJd4fnQDSrabZklXAjuF267gBHRb9e4Oqd",
+            "GHmeALakJUK9jEVR2gxkMsPChUiKnib6EeCX6V8Bb81NF19FTIv4su9XpPmlWWAQ0dryzA8L_omAxvKwGz9m",
+            "FzeDprLr",
+        ),
+    ),
+    (
+        "root",
+        42,
+        concat!(
+            "eyJhbGciOiJFUzUxMiIsInR5cCI6IkpXVCJ9.",
+            "eyJleHAiOjQxMDI0NDQ4MDAsInJldmlzaW9uIjo0MiwidXNlcm5hbWUiOiJyb290In0.",
+            "ARq51hyxXpzUhG_wpYb3JUX3BOYEhcgGe41JKXVmPA-LM90Yf5uMPwfc3B5gJP7Utsbbz---X6YdQmvFu4b3",
+            "0zwGAENLo6iwUs3W5rn7udiAVez75l6X9G-N3twPK3FxO17XILcGp0rQk2MqNPj4Q6X_z7mY4dwS2lt3ymTa",
+            "z6tS4RvG",
+        ),
+    ),
+];
+
+#[test]
+fn es512_tokens_of_golang_jwt_pass_as_etcds_would() {
+    let (member, other) = es512_members();
+    let checker = jwt(&format!("jwt,pub-key={},sign-method=ES512", key("ec521.pub.pem")));
+    let sec1 = jwt(&format!("jwt,priv-key={},sign-method=ES512", key("ec521-sec1.pem")));
+    for (user, revision, token) in GOLANG_JWT_ES512 {
+        for j in [&member, &checker, &sec1] {
+            assert_eq!(j.info(token), Some((user.to_string(), revision)), "{j:?}: {user}");
+        }
+        assert_eq!(other.info(token), None, "another key");
+        assert_eq!(parts(token).0, parts(&member.assign(user, revision).expect("signs")).0);
+    }
+}
+
 /// Cut, extended, garbled and random variations of `good`, none of which is a good token.
 fn malformed(good: &str) -> Vec<String> {
     let mut tokens = vec![
