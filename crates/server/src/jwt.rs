@@ -6,7 +6,8 @@
 //! `jwt.go`, `options.go`): `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m`, every
 //! option `key=value`, none twice. A token's claims are etcd's (`username`, `revision`, `exp`),
 //! so tokens pass between cairn and etcd members that share the keys. Signing and checking are
-//! `jsonwebtoken`'s, over ring (no OpenSSL).
+//! `jsonwebtoken`'s, over ring (no OpenSSL), except ES512's (P-521, which neither has):
+//! `jwt_es512.rs`, with RustCrypto's `p521`.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -18,6 +19,10 @@ use jsonwebtoken::{Algorithm, DecodingKey, EncodingKey, Header, Validation};
 use ring::signature::KeyPair;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::PrivateKeyDer;
+
+#[path = "jwt_es512.rs"]
+mod es512;
+use es512::Es512;
 
 /// etcd's default lifetime of a JWT token.
 const DEFAULT_TTL: Duration = Duration::from_secs(5 * 60);
@@ -99,18 +104,39 @@ impl AuthToken {
 /// etcd's JWT token provider: signs with the private key (none: this member only checks
 /// tokens, as etcd's verify-only members), checks with the public key.
 pub struct Jwt {
-    alg: Algorithm,
-    encoding: Option<EncodingKey>,
-    decoding: DecodingKey,
+    keys: Keys,
     ttl: Duration,
-    validation: Validation,
+}
+
+/// A sign method cairn can use: one of jsonwebtoken's, or ES512 (`jwt_es512.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Method {
+    Jws(Algorithm),
+    Es512,
+}
+
+/// The keys that sign and check a member's tokens, by sign method.
+enum Keys {
+    /// Every method but ES512: jsonwebtoken's.
+    Jws {
+        alg: Algorithm,
+        /// None on a verify-only member.
+        encoding: Option<EncodingKey>,
+        decoding: DecodingKey,
+        validation: Validation,
+    },
+    Es512(Es512),
 }
 
 impl fmt::Debug for Jwt {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verify_only = match &self.keys {
+            Keys::Jws { encoding, .. } => encoding.is_none(),
+            Keys::Es512(keys) => keys.verify_only(),
+        };
         f.debug_struct("Jwt")
-            .field("alg", &self.alg)
-            .field("verify_only", &self.encoding.is_none())
+            .field("method", &self.method())
+            .field("verify_only", &verify_only)
             .field("ttl", &self.ttl)
             .finish_non_exhaustive()
     }
@@ -137,8 +163,8 @@ impl fmt::Display for AssignError {
 }
 
 /// The sign method an etcd `sign-method` names, if cairn can use it.
-fn sign_method(name: &str) -> Result<Algorithm, AuthTokenError> {
-    Ok(match name {
+fn sign_method(name: &str) -> Result<Method, AuthTokenError> {
+    Ok(Method::Jws(match name {
         "HS256" => Algorithm::HS256,
         "HS384" => Algorithm::HS384,
         "HS512" => Algorithm::HS512,
@@ -150,13 +176,11 @@ fn sign_method(name: &str) -> Result<Algorithm, AuthTokenError> {
         "PS512" => Algorithm::PS512,
         "ES256" => Algorithm::ES256,
         "ES384" => Algorithm::ES384,
-        // etcd knows these names but has no key for them (its `Key()`); ring has no P-521.
+        "ES512" => return Ok(Method::Es512),
+        // etcd knows these names but has no key for them (its `Key()`).
         "EdDSA" | "none" => return Err(AuthTokenError::UnsupportedMethod(name.into())),
-        "ES512" => {
-            return Err(AuthTokenError::UnsupportedMethod("ES512 (cairn has no P-521)".into()))
-        }
         _ => return Err(invalid(format!("invalid auth signature method {name:?}"))),
-    })
+    }))
 }
 
 fn read_key(options: &BTreeMap<&str, &str>, option: &str) -> Result<Vec<u8>, AuthTokenError> {
@@ -220,6 +244,47 @@ fn public_key(alg: Algorithm, pem: &[u8]) -> Result<DecodingKey, AuthTokenError>
     key.map_err(|e| bad_key("pub-key", e))
 }
 
+/// jsonwebtoken's keys for `alg` from the key files' contents.
+fn jws_keys(alg: Algorithm, pub_pem: &[u8], priv_pem: &[u8]) -> Result<Keys, AuthTokenError> {
+    let (encoding, decoding) = match alg {
+        Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => {
+            // etcd's HMAC secret is the private key file's bytes, as they are.
+            if priv_pem.is_empty() {
+                return Err(AuthTokenError::MissingKey);
+            }
+            (Some(EncodingKey::from_secret(priv_pem)), DecodingKey::from_secret(priv_pem))
+        }
+        _ if !priv_pem.is_empty() => {
+            let (encoding, decoding) = private_key(alg, priv_pem)?;
+            (Some(encoding), decoding)
+        }
+        _ if !pub_pem.is_empty() => (None, public_key(alg, pub_pem)?),
+        _ => return Err(AuthTokenError::MissingKey),
+    };
+    let mut validation = Validation::new(alg);
+    // etcd's checks: the signature, the method, `exp` when present (no leeway), nothing
+    // else required.
+    validation.leeway = 0;
+    validation.validate_aud = false;
+    validation.required_spec_claims.clear();
+    Ok(Keys::Jws { alg, encoding, decoding, validation })
+}
+
+/// Whether a token's `exp` claim has passed (no leeway), read as jsonwebtoken reads it for the
+/// methods it checks: whole seconds, a fraction rounded. One that is not a number would escape
+/// the check, and a negative one escapes jsonwebtoken's: etcd refuses both, and so does cairn.
+fn expired(exp: &serde_json::Value, now: u64) -> bool {
+    match (exp.as_u64(), exp.as_f64()) {
+        (Some(exp), _) => exp < now,
+        (None, Some(exp)) => exp.round() < now as f64,
+        (None, None) => true,
+    }
+}
+
+fn unix_now() -> Duration {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default()
+}
+
 impl Jwt {
     fn new(options: &BTreeMap<&str, &str>) -> Result<Jwt, AuthTokenError> {
         let ttl = match options.get("ttl").filter(|t| !t.is_empty()) {
@@ -227,7 +292,7 @@ impl Jwt {
             Some(t) => crate::watch::parse_duration(t).map_err(|e| invalid(format!("ttl {e}")))?,
         };
         let (pub_pem, priv_pem) = (read_key(options, "pub-key")?, read_key(options, "priv-key")?);
-        let alg = sign_method(options.get("sign-method").copied().unwrap_or_default())?;
+        let method = sign_method(options.get("sign-method").copied().unwrap_or_default())?;
         let unknown: Vec<&&str> = options
             .keys()
             .filter(|k| !["sign-method", "pub-key", "priv-key", "ttl"].contains(k))
@@ -235,73 +300,75 @@ impl Jwt {
         if !unknown.is_empty() {
             tracing::warn!(keys = ?unknown, "unknown JWT options");
         }
-        let (encoding, decoding) = match alg {
-            Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512 => {
-                // etcd's HMAC secret is the private key file's bytes, as they are.
-                if priv_pem.is_empty() {
-                    return Err(AuthTokenError::MissingKey);
-                }
-                (Some(EncodingKey::from_secret(&priv_pem)), DecodingKey::from_secret(&priv_pem))
-            }
-            _ if !priv_pem.is_empty() => {
-                let (encoding, decoding) = private_key(alg, &priv_pem)?;
-                (Some(encoding), decoding)
-            }
-            _ if !pub_pem.is_empty() => (None, public_key(alg, &pub_pem)?),
-            _ => return Err(AuthTokenError::MissingKey),
+        let keys = match method {
+            Method::Jws(alg) => jws_keys(alg, &pub_pem, &priv_pem)?,
+            Method::Es512 => Keys::Es512(Es512::new(&pub_pem, &priv_pem)?),
         };
-        let mut validation = Validation::new(alg);
-        // etcd's checks: the signature, the method, `exp` when present (no leeway), nothing
-        // else required.
-        validation.leeway = 0;
-        validation.validate_aud = false;
-        validation.required_spec_claims.clear();
-        let jwt = Jwt { alg, encoding, decoding, ttl, validation };
-        jwt.check_pair(alg, &pub_pem, &priv_pem)?;
+        let jwt = Jwt { keys, ttl };
+        jwt.check_pair(&pub_pem, &priv_pem)?;
         Ok(jwt)
     }
 
+    /// The sign method of this member's tokens.
+    fn method(&self) -> Method {
+        match &self.keys {
+            Keys::Jws { alg, .. } => Method::Jws(*alg),
+            Keys::Es512(_) => Method::Es512,
+        }
+    }
+
     /// With both keys given: a token this member signs must pass the public key given.
-    fn check_pair(
-        &self,
-        alg: Algorithm,
-        pub_pem: &[u8],
-        priv_pem: &[u8],
-    ) -> Result<(), AuthTokenError> {
-        let hmac = matches!(alg, Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512);
+    fn check_pair(&self, pub_pem: &[u8], priv_pem: &[u8]) -> Result<(), AuthTokenError> {
+        let hmac = matches!(
+            self.method(),
+            Method::Jws(Algorithm::HS256 | Algorithm::HS384 | Algorithm::HS512)
+        );
         if hmac || pub_pem.is_empty() || priv_pem.is_empty() {
             return Ok(());
         }
         let probe = self.assign("probe", 1).map_err(|e| bad_key("priv-key", e))?;
-        let given = public_key(alg, pub_pem)?;
-        match jsonwebtoken::decode::<serde_json::Value>(&probe, &given, &self.validation) {
-            Ok(_) => Ok(()),
-            Err(_) => Err(AuthTokenError::KeyMismatch),
+        let passes = match &self.keys {
+            Keys::Jws { alg, validation, .. } => {
+                let given = public_key(*alg, pub_pem)?;
+                jsonwebtoken::decode::<serde_json::Value>(&probe, &given, validation).is_ok()
+            }
+            Keys::Es512(_) => es512::verify(&es512::public_key(pub_pem)?, &probe).is_some(),
+        };
+        if passes {
+            Ok(())
+        } else {
+            Err(AuthTokenError::KeyMismatch)
         }
     }
 
     /// A token for `username` at auth revision `revision`, valid for the configured TTL.
     pub(crate) fn assign(&self, username: &str, revision: u64) -> Result<String, AssignError> {
-        let key = self.encoding.as_ref().ok_or(AssignError::VerifyOnly)?;
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let claims = serde_json::json!({
             "username": username,
             "revision": revision,
-            "exp": (now + self.ttl).as_secs(),
+            "exp": (unix_now() + self.ttl).as_secs(),
         });
-        jsonwebtoken::encode(&Header::new(self.alg), &claims, key)
-            .map_err(|e| AssignError::Sign(e.to_string()))
+        match &self.keys {
+            Keys::Jws { alg, encoding, .. } => {
+                let key = encoding.as_ref().ok_or(AssignError::VerifyOnly)?;
+                jsonwebtoken::encode(&Header::new(*alg), &claims, key)
+                    .map_err(|e| AssignError::Sign(e.to_string()))
+            }
+            Keys::Es512(keys) => keys.sign(&claims),
+        }
     }
 
     /// The user and auth revision a token names, if it is signed with this member's key and
     /// method and has not expired (etcd's `info`).
     pub(crate) fn info(&self, token: &str) -> Option<(String, u64)> {
-        let data =
-            jsonwebtoken::decode::<serde_json::Value>(token, &self.decoding, &self.validation)
-                .ok()?;
-        let claims = data.claims.as_object()?;
-        // An `exp` that is not a number would escape the expiry check: etcd refuses it.
-        if claims.get("exp").is_some_and(|e| !e.is_number()) {
+        let claims = match &self.keys {
+            Keys::Jws { decoding, validation, .. } => {
+                jsonwebtoken::decode::<serde_json::Value>(token, decoding, validation).ok()?.claims
+            }
+            Keys::Es512(keys) => keys.verify(token)?,
+        };
+        let claims = claims.as_object()?;
+        if claims.get("exp").is_some_and(|exp| expired(exp, unix_now().as_secs())) {
             return None;
         }
         let username = claims.get("username")?.as_str()?.to_string();

@@ -118,7 +118,7 @@ struct ServeArgs {
     bcrypt_cost: u32,
     /// The auth token provider: `simple` (random tokens kept by the member that issued them),
     /// or etcd's `jwt,pub-key=PATH,priv-key=PATH,sign-method=RS256,ttl=5m` (signed tokens every
-    /// member with the key accepts; sign methods RS/PS/HS 256-512, ES256, ES384).
+    /// member with the key accepts; sign methods RS/PS/HS/ES 256-512).
     #[arg(long, default_value = "simple")]
     auth_token: String,
     /// Seconds a simple auth token lives after its last use.
