@@ -49,6 +49,9 @@ pub struct ClusterConfig {
     /// `--peer-client-cert-auth`, for `https://` peer URLs: served on the peer listeners, and
     /// presented to (and verifying) the peers this member dials.
     pub peer_tls: Option<cairn_transport::TlsFiles>,
+    /// Accept a peer's certificate from addresses it does not name (etcd's
+    /// `--experimental-peer-skip-client-san-verification`; `cairn_transport::san`).
+    pub peer_skip_client_san_verification: bool,
 }
 
 /// Why the cluster flags do not describe a cluster this member can start in.
@@ -208,6 +211,7 @@ impl ClusterConfig {
             state,
             listen_peer_urls: listen_peer_urls.to_vec(),
             peer_tls: None,
+            peer_skip_client_san_verification: false,
         })
     }
 

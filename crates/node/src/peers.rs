@@ -130,6 +130,7 @@ pub(crate) fn start(
         cfg.peers.insert(NodeId(member.id), addrs);
     }
     cfg.client_tls = client_tls;
+    cfg.skip_client_san_verification = cluster.peer_skip_client_san_verification;
     let flags = cluster.members.clone();
     let sink = DriverSink { tx, shared, flags, name: name.to_string() };
     Transport::start(cfg, Arc::new(sink)).map_err(|e| open(OpenError::Spawn(Arc::new(e))))

@@ -216,6 +216,11 @@ struct TlsArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
         default_value_t = false)]
     peer_client_cert_auth: bool,
+    /// Accept a peer's client certificate from any address; by default one that lists IP
+    /// addresses or DNS names is accepted only from an address it names, as etcd checks.
+    #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
+        default_value_t = false, alias = "experimental-peer-skip-client-san-verification")]
+    peer_skip_client_san_verification: bool,
 }
 
 /// One side's certificate flags (`prefix` is "" or "peer-"), when its certificate and key are
@@ -285,6 +290,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
             state,
         )?;
         cluster.peer_tls = peer_tls;
+        cluster.peer_skip_client_san_verification = a.tls.peer_skip_client_san_verification;
         engine.cluster = Some(cluster);
     }
     #[cfg(feature = "planted-bugs")]

@@ -43,6 +43,9 @@ pub(crate) struct Acceptor {
     pub(crate) inbox: Arc<Inbox>,
     /// Places for open peer connections ([`MAX_INBOUND_CONNS`]), shared by every listener.
     pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    /// Refuse a client certificate presented from an address it does not name
+    /// ([`crate::san`]).
+    pub(crate) check_san: bool,
 }
 
 /// Why an incoming peer connection ended early.
@@ -69,6 +72,8 @@ enum InboundError {
     Tls(std::io::Error),
     /// A probe connection carried something else than probes.
     Probe(crate::outbound::DialError),
+    /// The caller's certificate does not name the address it called from.
+    San(String),
 }
 
 impl fmt::Display for InboundError {
@@ -89,6 +94,7 @@ impl fmt::Display for InboundError {
             InboundError::Stream(e) => write!(f, "receiving a snapshot: {e}"),
             InboundError::Tls(e) => write!(f, "TLS handshake: {e}"),
             InboundError::Probe(e) => write!(f, "answering probes: {e}"),
+            InboundError::San(e) => write!(f, "rejected the caller's certificate: {e}"),
         }
     }
 }
@@ -141,7 +147,7 @@ impl Acceptor {
                 Ok(()) => self.conn(conn).await,
                 Err(e) => Err(e.into()),
             },
-            Some(tls) => self.tls_conn(conn, &tls).await,
+            Some(tls) => self.tls_conn(conn, addr, &tls).await,
         };
         match served {
             Ok(()) | Err(InboundError::Io(_)) => {}
@@ -149,12 +155,21 @@ impl Acceptor {
         }
     }
 
-    async fn tls_conn(&self, conn: TcpStream, tls: &ServerTls) -> Result<(), InboundError> {
+    async fn tls_conn(
+        &self,
+        conn: TcpStream,
+        addr: SocketAddr,
+        tls: &ServerTls,
+    ) -> Result<(), InboundError> {
         conn.set_nodelay(true)?;
         let conn = timeout(HELLO_TIMEOUT, tls.acceptor().accept(conn))
             .await
             .map_err(|_| InboundError::Timeout)?
             .map_err(InboundError::Tls)?;
+        let cert = conn.get_ref().1.peer_certificates().and_then(|c| c.first());
+        if let (true, Some(cert)) = (self.check_san, cert) {
+            crate::san::check(cert, addr.ip()).await.map_err(InboundError::San)?;
+        }
         self.conn(conn).await
     }
 

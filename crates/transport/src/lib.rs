@@ -32,6 +32,7 @@ mod inbound;
 pub mod members;
 mod outbound;
 mod probe;
+pub mod san;
 mod stream_in;
 mod stream_out;
 pub mod tls;
@@ -164,6 +165,10 @@ pub struct TransportConfig {
     pub resolver: Option<Resolver>,
     /// How often each peer's round trip is timed ([`PROBE_INTERVAL`], etcd's); zero: never.
     pub probe_interval: std::time::Duration,
+    /// Accept a peer's client certificate from any address, not only from those its subject
+    /// alternative names list ([`san`]; etcd's
+    /// `--experimental-peer-skip-client-san-verification`).
+    pub skip_client_san_verification: bool,
 }
 
 /// Why a peer URL cannot be dialed.
@@ -280,6 +285,7 @@ impl TransportConfig {
             client_tls: None,
             resolver: None,
             probe_interval: PROBE_INTERVAL,
+            skip_client_san_verification: false,
         }
     }
 }
@@ -322,6 +328,7 @@ impl Transport {
             traffic: cfg.traffic.clone(),
             inbox: Arc::new(stream_in::Inbox::new(cfg.snapshot_dir.clone())?),
             slots: Arc::new(tokio::sync::Semaphore::new(inbound::MAX_INBOUND_CONNS)),
+            check_san: !cfg.skip_client_san_verification,
         };
         let _guard = runtime.enter();
         let accept = Arc::new(accept);

@@ -36,20 +36,23 @@ fn member(
     addr: SocketAddr,
     files: &TlsFiles,
 ) -> (Transport, Receiver<Event>) {
-    let (t, rx, _) = member_traffic(local, l, peer, addr, files);
+    let (t, rx, _) = member_traffic(local, l, peer, addr, files, false);
     (t, rx)
 }
 
-/// [`member`], probing its peer every 20 ms, with where it keeps the round trips.
+/// [`member`], probing its peer every 20 ms, with where it keeps the round trips; `skip_san`
+/// accepts peer certificates from addresses they do not name.
 fn member_traffic(
     local: NodeId,
     l: TcpListener,
     peer: NodeId,
     addr: SocketAddr,
     files: &TlsFiles,
+    skip_san: bool,
 ) -> (Transport, Receiver<Event>, Arc<PeerTraffic>) {
     let mut cfg = TransportConfig::new(7, local);
     cfg.probe_interval = Duration::from_millis(20);
+    cfg.skip_client_san_verification = skip_san;
     let traffic = cfg.traffic.clone();
     let server = ServerTls::new(files.clone(), &[]).expect("server TLS");
     cfg.listeners.push(Listener { socket: l, tls: Some(Arc::new(server)) });
@@ -79,7 +82,7 @@ fn members_of_one_ca_exchange_messages_and_snapshots_over_mutual_tls() {
     let ca = Ca::new(&dir, "peer");
     let (fa, fb) = (ca.files("a", "a", true), ca.files("b", "b", true));
     let ((la, aa), (lb, ab)) = (listener(), listener());
-    let (ta, ra, traffic) = member_traffic(A, la, B, ab, &fa);
+    let (ta, ra, traffic) = member_traffic(A, la, B, ab, &fa, false);
     let (tb, rb) = member(B, lb, A, aa, &fb);
     ta.send([heartbeat(A, B, 1)]);
     tb.send([heartbeat(B, A, 2)]);
@@ -103,6 +106,41 @@ fn members_of_one_ca_exchange_messages_and_snapshots_over_mutual_tls() {
     while traffic.round_trips().iter().all(|(id, h)| *id != B || h.count == 0) {
         assert!(std::time::Instant::now() < deadline, "no probe round trip over TLS");
         std::thread::sleep(Duration::from_millis(10));
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// etcd's check of a peer's client certificate: one that names only 10.1.2.3 is refused from
+/// 127.0.0.1, though the CA signed it, unless the member skips the check.
+#[test]
+fn a_peer_certificate_is_accepted_only_from_an_address_it_names() {
+    let dir = pki::dir("peers-san");
+    let ca = Ca::new(&dir, "peer");
+    let fa = ca.files("a", "a", true);
+    let (cert_file, key_file) = ca.issue_for("b", "b", &["10.1.2.3"]);
+    let fb = TlsFiles {
+        cert_file,
+        key_file,
+        trusted_ca_file: Some(ca.ca_file()),
+        client_cert_auth: true,
+    };
+    for skip in [false, true] {
+        let ((la, aa), (lb, ab)) = (listener(), listener());
+        let (_ta, ra, _) = member_traffic(A, la, B, ab, &fa, skip);
+        let (tb, _rb) = member(B, lb, A, aa, &fb);
+        if !skip {
+            tb.send([heartbeat(B, A, 1)]);
+            no_message(&ra, Duration::from_millis(1500));
+            continue;
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            tb.send([heartbeat(B, A, 1)]);
+            match ra.recv_timeout(Duration::from_millis(100)) {
+                Ok(Event::Message(m)) => break assert_eq!(m, heartbeat(B, A, 1)),
+                _ => assert!(std::time::Instant::now() < deadline, "skipping the check lets B in"),
+            }
+        }
     }
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -45,7 +45,12 @@ impl Ca {
     /// A certificate for `localhost` and 127.0.0.1, good for servers and clients, with `cn` as
     /// its Common Name, written to `<file>.pem` and `<file>-key.pem`; returns both paths.
     pub fn issue(&self, file: &str, cn: &str) -> (PathBuf, PathBuf) {
-        let sans = vec!["localhost".to_string(), "127.0.0.1".to_string()];
+        self.issue_for(file, cn, &["localhost", "127.0.0.1"])
+    }
+
+    /// [`Ca::issue`] for these subject alternative names (DNS names or IP addresses).
+    pub fn issue_for(&self, file: &str, cn: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+        let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(sans).expect("leaf params");
         params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages =
