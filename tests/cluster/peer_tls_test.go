@@ -12,21 +12,25 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
+	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"math/big"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"cairn.dev/harness"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -483,4 +487,264 @@ func TestPeerTLSClusterElectsReplicatesAndRecovers(t *testing.T) {
 	c.put(pinned[lead], "tls/after", "through the restarted "+lead.name)
 	c.readsEverywhere(pinned, "tls/after", "through the restarted "+lead.name, nodes...)
 	c.mustRun(nodes...)
+}
+
+// peerHandshake opens a TLS connection to a member's peer listener (https://127.0.0.1:P) as a
+// peer would, presenting certs, and reports whether the member accepted it: nil if it kept the
+// connection open for a second after the handshake, else how it refused. Under TLS 1.3 a
+// refused client certificate shows on the first read, not in the handshake.
+func peerHandshake(peerURL string, roots *x509.CertPool, certs []tls.Certificate) error {
+	addr := strings.TrimPrefix(peerURL, "https://")
+	d := &net.Dialer{Timeout: 2 * time.Second}
+	conn, err := tls.DialWithDialer(d, "tcp", addr, &tls.Config{RootCAs: roots, Certificates: certs})
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(time.Second))
+	_, err = conn.Read(make([]byte, 1))
+	var ne net.Error
+	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
+		return nil
+	}
+	return err
+}
+
+// standIn listens at peerURL with certFile/keyFile for at most `window`, and returns how the
+// TLS handshakes of the connections that came in ended (nil: completed), stopping after five.
+func standIn(t *testing.T, peerURL, certFile, keyFile string, window time.Duration) []error {
+	t.Helper()
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", strings.TrimPrefix(peerURL, "https://"))
+	if err != nil {
+		t.Fatalf("listening at %s: %v", peerURL, err)
+	}
+	defer l.Close()
+	cfg := &tls.Config{Certificates: []tls.Certificate{pair}, ClientAuth: tls.RequestClientCert}
+	var outcomes []error
+	for deadline := time.Now().Add(window); len(outcomes) < 5 && time.Now().Before(deadline); {
+		_ = l.(*net.TCPListener).SetDeadline(deadline)
+		conn, err := l.Accept()
+		if err != nil {
+			break
+		}
+		_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
+		s := tls.Server(conn, cfg)
+		outcomes = append(outcomes, s.Handshake())
+		s.Close()
+	}
+	return outcomes
+}
+
+// handshakeRefusals are the words a member logs when it refuses a peer's TLS handshake: etcd's
+// "rejected connection" (its TLS handshake-failure log) and cairn's "closed a peer
+// connection" (the inbound peer transport) followed by rustls' error.
+var handshakeRefusals = []string{"rejected connection", "closed a peer connection"}
+
+// TestPeerTLSRefusesAMemberCertifiedByAnotherCA: each member's peer listener accepts a TLS
+// client with a certificate of the cluster's CA and refuses one with a certificate of another CA
+// (of the same name) or none. A fourth member, added through the Cluster API with its https://
+// peer URL and started with --initial-cluster-state existing, presents a certificate of the
+// other CA (it trusts the cluster's CA itself, so it is the members that refuse it). It never
+// becomes part of the working cluster: it never publishes its name, never serves a key written
+// after it was added, and the three original members keep taking writes (3 of the 4 voters are
+// a quorum) and log the refused handshakes. The members dialing its URL refuse the certificate
+// served there too. It is then removed with MemberRemove and stopped, and the three serve on.
+func TestPeerTLSRefusesAMemberCertifiedByAnotherCA(t *testing.T) {
+	pki := t.TempDir()
+	ca := newTestCA(t, pki, "ca.crt")
+	other := newTestCA(t, pki, "other-ca.crt")
+	c, nodes, all, pinned := startTLSCluster(t, pki, ca)
+	c.leader(all, 0, nodes...)
+	c.put(all, "tls/before", "before the impostor")
+
+	// Each member's peer listener serves a certificate of the cluster's CA for 127.0.0.1 and
+	// takes a peer presenting another certificate of that CA, but refuses one whose
+	// certificate the other CA signed, and one without a certificate.
+	cert, key := other.issue(t, pki, "m3")
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	load := func(certFile, keyFile string) []tls.Certificate {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return []tls.Certificate{pair}
+	}
+	ours, theirs := load(ca.issue(t, pki, "probe")), load(cert, key)
+	for _, n := range nodes {
+		if err := peerHandshake(n.peerURL, roots, ours); err != nil {
+			c.fatalf("%s refused a peer certified by the cluster's CA: %v", n.name, err)
+		}
+		err := peerHandshake(n.peerURL, roots, theirs)
+		if err == nil {
+			c.fatalf("%s accepted a peer certified by another CA", n.name)
+		}
+		t.Logf("%s refuses the other CA's certificate: %v", n.name, err)
+		if err := peerHandshake(n.peerURL, roots, nil); err == nil {
+			c.fatalf("%s accepted a peer without a certificate (--peer-client-cert-auth)", n.name)
+		} else {
+			t.Logf("%s refuses a peer without a certificate: %v", n.name, err)
+		}
+	}
+
+	// Where each member's log is before the impostor starts: only what follows counts below.
+	logFrom := map[*tlsNode]int{}
+	for _, n := range nodes {
+		if st, err := os.Stat(n.log); err == nil {
+			logFrom[n] = int(st.Size())
+		}
+	}
+	rogue := c.node("m3", cert, key, ca.file)
+	// etcd refuses to add a voter ("unhealthy cluster") until its leader has been connected to
+	// every member for 5 s (its HealthInterval); cairn asks only that it heard from each within
+	// an election timeout. Retry while refused so.
+	var added *clientv3.MemberAddResponse
+	var err error
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		added, err = all.MemberAdd(cx, []string{rogue.peerURL})
+		cancel()
+		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
+			break
+		}
+	}
+	if err != nil {
+		c.fatalf("member add %s: %v", rogue.peerURL, err)
+	}
+	rogueID := added.Member.ID
+	rogue.initial, rogue.state = initialCluster(append(append([]*tlsNode{}, nodes...), rogue)...), "existing"
+	c.start(rogue)
+	t.Logf("added %s as %x and started it with the other CA's certificate", rogue.name, rogueID)
+
+	// For 8 s: the originals take a write every 200 ms, linearizably read on all three; the
+	// impostor never sees one, and never shows up as started in the member list.
+	rogueClient := c.client(rogue)
+	writes, rogueAnswered := 0, 0
+	var rogueExit error
+	rogueGone := false
+	for deadline := time.Now().Add(8 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		c.mustRun(nodes...)
+		k, v := fmt.Sprintf("tls/with-impostor/%03d", writes), "without "+rogue.name
+		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := all.Put(cx, k, v)
+		cancel()
+		if err != nil {
+			c.fatalf("the original members stopped taking writes after %s was added: %v", rogue.name, err)
+		}
+		writes++
+		c.readsEverywhere(pinned, k, v, nodes...)
+		if !rogueGone {
+			if rogueGone, rogueExit = c.hasExited(rogue); !rogueGone {
+				cx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				resp, err := rogueClient.Get(cx, "tls/", clientv3.WithPrefix(), clientv3.WithSerializable())
+				cancel()
+				if err == nil {
+					rogueAnswered++
+					if len(resp.Kvs) != 0 {
+						c.fatalf("%s, certified by another CA, has the cluster's keys: %v", rogue.name, resp.Kvs)
+					}
+				}
+			}
+		}
+		cx, cancel = context.WithTimeout(context.Background(), 2*time.Second)
+		list, err := all.MemberList(cx)
+		cancel()
+		if err != nil {
+			c.fatalf("member list: %v", err)
+		}
+		for _, m := range list.Members {
+			if m.ID == rogueID && (m.Name != "" || len(m.ClientURLs) != 0) {
+				c.fatalf("%s, certified by another CA, published itself: %v", rogue.name, m)
+			}
+		}
+	}
+	if rogueGone {
+		t.Logf("%s exited by itself (%v); its log ends:\n%s", rogue.name, rogueExit, harness.Tail(rogue.log, 1500))
+	} else {
+		t.Logf("%s kept running, unjoined (answered %d serializable reads, none with a key); its log ends:\n%s",
+			rogue.name, rogueAnswered, harness.Tail(rogue.log, 1500))
+	}
+
+	// The members logged that they refused its handshakes (since it started).
+	refusals := map[string]int{}
+	var sample string
+	for _, n := range nodes {
+		data, _ := os.ReadFile(n.log)
+		if len(data) < logFrom[n] {
+			c.fatalf("%s's log shrank", n.name)
+		}
+		for _, line := range strings.Split(string(data[logFrom[n]:]), "\n") {
+			for _, w := range handshakeRefusals {
+				if strings.Contains(line, w) {
+					refusals[n.name]++
+					if sample == "" {
+						sample = line
+					}
+				}
+			}
+		}
+	}
+	if len(refusals) == 0 {
+		c.fatalf("no member logged a refused TLS handshake from %s (looked for %q)", rogue.name, handshakeRefusals)
+	}
+	t.Logf("refused handshakes logged per member: %v; for instance:\n%s", refusals, sample)
+
+	// In the other direction: the members dial the added member's peer URL and refuse the
+	// certificate served there. The impostor exits at once (it cannot fetch the membership),
+	// so a stand-in serves its certificate at its URL.
+	if rogueGone {
+		outcomes := standIn(t, rogue.peerURL, cert, key, 10*time.Second)
+		alerts := 0
+		for _, err := range outcomes {
+			if err == nil {
+				c.fatalf("a member completed a TLS handshake with a peer certified by another CA")
+			}
+			if strings.Contains(err.Error(), "remote error: tls:") {
+				alerts++
+			}
+		}
+		if alerts == 0 {
+			c.fatalf("no member dialed %s and refused its certificate within 10 s (handshakes: %v)", rogue.peerURL, outcomes)
+		}
+		t.Logf("members dialing %s's URL refused its certificate: %v", rogue.name, outcomes)
+	}
+
+	// Remove it, stop it, and the three serve on.
+	var removeErr error
+	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, removeErr = all.MemberRemove(cx, rogueID)
+		cancel()
+		if removeErr == nil {
+			break
+		}
+	}
+	if removeErr != nil {
+		c.fatalf("member remove %x: %v", rogueID, removeErr)
+	}
+	c.kill(rogue)
+	cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	list, err := all.MemberList(cx)
+	cancel()
+	if err != nil {
+		c.fatalf("member list: %v", err)
+	}
+	var names []string
+	for _, m := range list.Members {
+		names = append(names, m.Name)
+	}
+	sort.Strings(names)
+	if strings.Join(names, ",") != "m0,m1,m2" {
+		c.fatalf("after removing %s the members are %v", rogue.name, names)
+	}
+	c.leader(all, 0, nodes...)
+	c.put(all, "tls/after-removal", "three again")
+	c.readsEverywhere(pinned, "tls/after-removal", "three again", nodes...)
+	c.readsEverywhere(pinned, "tls/before", "before the impostor", nodes...)
+	c.mustRun(nodes...)
+	t.Logf("%d writes while %s was a member, all read on the three originals", writes, rogue.name)
 }
