@@ -160,11 +160,14 @@ fn name_unimplemented(path: &str, resp: &mut Response) {
     }
 }
 
-/// Sends gRPC requests (see [`is_grpc`]) to `grpc` and everything else to `http`.
+/// Sends gRPC requests (see [`is_grpc`]) to `grpc` and everything else to `http`. While the
+/// engine is a learner, a gRPC call a learner does not serve is refused here
+/// ([`crate::learner`]).
 #[derive(Clone, Debug)]
 pub(crate) struct Dispatch {
     pub grpc: Router,
     pub http: Router,
+    pub engine: Option<Arc<Engine>>,
 }
 
 type RouteFuture = <Router as tower::Service<Request<Body>>>::Future;
@@ -181,12 +184,18 @@ impl tower::Service<Request<Body>> for Dispatch {
 
     fn call(&mut self, req: Request<Body>) -> Answer {
         if is_grpc(&req) {
+            let path = req.uri().path();
+            let call = GrpcCall::start(path);
+            if !crate::learner::serves(path) && self.engine.as_ref().is_some_and(|e| e.is_learner())
+            {
+                let refused = Some(crate::learner::refusal());
+                return Answer { route: None, refused, grpc_path: None, call };
+            }
             // A reference-counted clone: this runs on every call, unlike the naming.
             let grpc_path = req.uri().path_and_query().cloned();
-            let call = GrpcCall::start(req.uri().path());
-            Answer { route: self.grpc.call(req), grpc_path, call }
+            Answer { route: Some(self.grpc.call(req)), refused: None, grpc_path, call }
         } else {
-            Answer { route: self.http.call(req), grpc_path: None, call: None }
+            Answer { route: Some(self.http.call(req)), refused: None, grpc_path: None, call: None }
         }
     }
 }
@@ -194,7 +203,9 @@ impl tower::Service<Request<Body>> for Dispatch {
 /// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied and the
 /// call counted (`metrics::grpc`).
 pub(crate) struct Answer {
-    route: RouteFuture,
+    /// The routed call, or none for a call refused before routing (`refused`).
+    route: Option<RouteFuture>,
+    refused: Option<Response>,
     grpc_path: Option<axum::http::uri::PathAndQuery>,
     call: Option<GrpcCall>,
 }
@@ -203,7 +214,11 @@ impl std::future::Future for Answer {
     type Output = Result<Response<Counted>, Infallible>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut resp = std::task::ready!(std::pin::Pin::new(&mut self.route).poll(cx))?;
+        let mut resp = match (self.refused.take(), self.route.as_mut()) {
+            (Some(refused), _) => refused,
+            (None, Some(route)) => std::task::ready!(std::pin::Pin::new(route).poll(cx))?,
+            (None, None) => unreachable!("an answer is either routed or refused"),
+        };
         if let Some(path) = self.grpc_path.take() {
             name_unimplemented(path.path(), &mut resp);
         }

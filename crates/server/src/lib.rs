@@ -47,6 +47,8 @@ mod jwt;
 #[cfg(feature = "server")]
 mod large_response;
 #[cfg(feature = "server")]
+mod learner;
+#[cfg(feature = "server")]
 mod lease;
 #[cfg(feature = "server")]
 mod listen;
@@ -261,7 +263,11 @@ pub async fn serve(
             },
         ))
         .layer(tower::util::MapResponseLayer::new(large_response::send_encoded));
-    let router = http::Dispatch { grpc: grpc_routes, http: http::routes(engine.clone()) };
+    let router = http::Dispatch {
+        grpc: grpc_routes,
+        http: http::routes(engine.clone()),
+        engine: Some(engine.clone()),
+    };
     let mut metrics_listeners = Vec::new();
     for url in &cfg.listen_metrics_urls {
         let addr = parse_url(url).map_err(anyhow::Error::msg)?;

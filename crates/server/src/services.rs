@@ -188,7 +188,7 @@ impl pb::maintenance_server::Maintenance for Ctx {
             raft_applied_index: s.raft_applied_index,
             errors: crate::alarm::status_errors(&s, &self.engine.raised_alarms()),
             db_size_in_use: s.db_size_in_use_bytes as i64,
-            is_learner: false,
+            is_learner: self.engine.is_learner(),
             storage_version: "3.6.0".into(),
             db_size_quota: self.engine.config().quota_backend_bytes.unwrap_or(0) as i64,
         }))
