@@ -122,6 +122,9 @@ pub struct Stats {
     pub transfers: u64,
     pub compactions: u64,
     pub snapshots_installed: u64,
+    /// Snapshot transfers cut partway, and transfers resumed from a cut one's chunks.
+    pub snapshots_cut: u64,
+    pub snapshots_resumed: u64,
     pub power_losses: u64,
     pub disk_faults: u64,
     pub messages: u64,
@@ -144,6 +147,8 @@ impl Stats {
         self.transfers += o.transfers;
         self.compactions += o.compactions;
         self.snapshots_installed += o.snapshots_installed;
+        self.snapshots_cut += o.snapshots_cut;
+        self.snapshots_resumed += o.snapshots_resumed;
         self.power_losses += o.power_losses;
         self.disk_faults += o.disk_faults;
         self.messages += o.messages;

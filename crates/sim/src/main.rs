@@ -180,11 +180,12 @@ fn main() -> ExitCode {
         println!("  replay: cargo run -p cairn-sim --release -- --seed {}{extra}", f.seed);
     }
     println!(
-        "cairn-sim: {count} seeds in {:.1}s: {} elections, {} writes ({} acknowledged), {} reads checked, {} crashes ({} power losses, {} disk faults), {} partitions, {} membership changes, {} transfers, {} compactions, {} snapshots installed, {} messages; history: {}",
+        "cairn-sim: {count} seeds in {:.1}s: {} elections, {} writes ({} acknowledged), {} reads checked, {} crashes ({} power losses, {} disk faults), {} partitions, {} membership changes, {} transfers, {} compactions, {} snapshots installed ({} transfers cut at a chunk, {} resumed), {} messages; history: {}",
         started.elapsed().as_secs_f64(),
         stats.elections, stats.proposals, stats.acked, stats.reads, stats.crashes,
         stats.power_losses, stats.disk_faults, stats.partitions, stats.conf_changes,
-        stats.transfers, stats.compactions, stats.snapshots_installed, stats.messages, stats.kv
+        stats.transfers, stats.compactions, stats.snapshots_installed, stats.snapshots_cut,
+        stats.snapshots_resumed, stats.messages, stats.kv
     );
     println!(
         "leases: {} acknowledgements to clients, {} expiries checked against them",

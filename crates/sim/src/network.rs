@@ -1,5 +1,12 @@
 //! A simulated network: delays (and so reordering), loss, duplication, and partitions that can be
 //! symmetric or one-way. Delivery order is a pure function of the seed.
+//!
+//! A snapshot travels as the real transport sends it: a stream of chunks, each of which takes
+//! its own delay and may be lost (a broken connection), so a transfer can be cut at any chunk.
+//! The receiver keeps what arrived of an image, and a later transfer of the same image resumes
+//! from there, as the transport's resumable streams do (a newer image starts over). The sender
+//! hears how the transfer ended when it ends: early for a cut one, after the last chunk for a
+//! delivered one.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -26,6 +33,13 @@ pub struct Faults {
     pub max_delay: u64,
 }
 
+/// Bytes per snapshot chunk. Far below the transport's 1 MiB, so that the small images of a
+/// simulated store still travel as many chunks and a cut can fall at any of them.
+pub const SNAPSHOT_CHUNK: usize = 512;
+
+/// Which image a partial transfer holds: sender, receiver, and the snapshot's index and term.
+type ImageKey = (NodeId, NodeId, u64, u64);
+
 #[derive(Debug)]
 pub struct Network {
     /// (deliver_at, sequence) orders events; the sequence breaks ties deterministically.
@@ -36,6 +50,11 @@ pub struct Network {
     pub faults: Faults,
     pub sent: u64,
     pub dropped: u64,
+    /// Chunks of each image that reached its receiver, for a transfer that was cut.
+    partial: BTreeMap<ImageKey, usize>,
+    /// Snapshot transfers cut partway, and transfers that resumed from a cut one's chunks.
+    pub snapshots_cut: u64,
+    pub snapshots_resumed: u64,
 }
 
 impl Network {
@@ -47,6 +66,9 @@ impl Network {
             faults,
             sent: 0,
             dropped: 0,
+            partial: BTreeMap::new(),
+            snapshots_cut: 0,
+            snapshots_resumed: 0,
         }
     }
 
@@ -57,13 +79,13 @@ impl Network {
 
     pub fn send(&mut self, msg: Message, now: u64, rng: &mut Rng) {
         self.sent += 1;
+        if let MessageBody::Snapshot { snapshot } = &msg.body {
+            let len = snapshot.data.len();
+            let key = (msg.from, msg.to, snapshot.meta.index.0, snapshot.meta.term.0);
+            return self.stream_snapshot(msg, key, len, now, rng);
+        }
         let delay = rng.between(1, self.faults.max_delay);
         let lost = self.cut.contains(&(msg.from, msg.to)) || rng.chance(self.faults.drop);
-        if let MessageBody::Snapshot { .. } = msg.body {
-            let status = if lost { SnapshotStatus::Failed } else { SnapshotStatus::Finished };
-            let report = NetEvent::SnapshotReport { leader: msg.from, to: msg.to, status };
-            self.push(now + delay, report);
-        }
         if lost {
             self.dropped += 1;
             return;
@@ -77,6 +99,51 @@ impl Network {
             self.push(now + again, NetEvent::Deliver(msg.clone()));
         }
         self.push(now + delay, NetEvent::Deliver(msg));
+    }
+
+    /// Sends a snapshot as a stream of chunks from what the receiver already holds of the same
+    /// image. Each chunk is cut with the loss rate (and all of them by a partition in place at
+    /// the start); a cut leaves the chunks before it with the receiver and tells the sender the
+    /// transfer failed. The last chunk delivers the message (possibly twice, as any message).
+    fn stream_snapshot(
+        &mut self,
+        msg: Message,
+        key: ImageKey,
+        len: usize,
+        now: u64,
+        rng: &mut Rng,
+    ) {
+        let chunks = len.div_ceil(SNAPSHOT_CHUNK).max(1);
+        let held = self.partial.remove(&key).unwrap_or(0).min(chunks - 1);
+        if held > 0 {
+            self.snapshots_resumed += 1;
+        }
+        let partitioned = self.cut.contains(&(msg.from, msg.to));
+        // Chunks are pipelined on one connection: the first crosses the network's delay, each
+        // later one follows a unit or two behind it.
+        let mut at = now + rng.between(1, self.faults.max_delay);
+        for chunk in held..chunks {
+            if chunk > held {
+                at += rng.between(1, 2);
+            }
+            if partitioned || rng.chance(self.faults.drop) {
+                self.dropped += 1;
+                self.snapshots_cut += 1;
+                if chunk > 0 {
+                    self.partial.insert(key, chunk);
+                }
+                let status = SnapshotStatus::Failed;
+                self.push(at, NetEvent::SnapshotReport { leader: msg.from, to: msg.to, status });
+                return;
+            }
+        }
+        let status = SnapshotStatus::Finished;
+        self.push(at, NetEvent::SnapshotReport { leader: msg.from, to: msg.to, status });
+        if rng.chance(self.faults.duplicate) {
+            let again = rng.between(1, self.faults.max_delay);
+            self.push(at + again, NetEvent::Deliver(msg.clone()));
+        }
+        self.push(at, NetEvent::Deliver(msg));
     }
 
     /// Removes and returns the next event due at or before `now`.

@@ -107,6 +107,8 @@ impl World {
         self.stats.elections = self.checker.elections;
         self.stats.reads = self.checker.reads_checked;
         self.stats.messages = self.net.sent;
+        self.stats.snapshots_cut = self.net.snapshots_cut;
+        self.stats.snapshots_resumed = self.net.snapshots_resumed;
         self.stats.proposals = self.clients.writes;
         self.stats.acked = self.stats.kv.writes_acked;
         self.stats.leases = self.leases.stats;

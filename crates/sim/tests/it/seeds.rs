@@ -20,6 +20,8 @@ fn fifty_stack_seeds_pass_and_exercise_the_store() {
     assert!(failures.is_empty(), "failures: {failures:#?}");
     assert!(stats.power_losses > 0 && stats.disk_faults > 0, "{stats:?}");
     assert!(stats.snapshots_installed > 0 && stats.compactions > 0, "{stats:?}");
+    // Snapshot streams cut at some chunk, and later ones resuming from what arrived.
+    assert!(stats.snapshots_cut > 0 && stats.snapshots_resumed > 0, "{stats:?}");
     assert!(stats.kv.reads_checked > 1_000 && stats.kv.writes_acked > 1_000, "{stats:?}");
     // Leases granted, expired and revoked by clients, checkpointed, kept alive, and every
     // expiry judged against what clients were promised.
