@@ -44,6 +44,23 @@ pub(crate) enum Next<'a> {
     },
 }
 
+/// Where the last nonzero byte of `data` is, if any. A segment is preallocated (64 MiB of zeros
+/// by default) and every open checks the rest of the last one after its records, so this runs
+/// over tens of megabytes at each start: it compares 64 bytes at a time, which the compiler
+/// turns into vector instructions, where a byte loop took about 60 ms of a 100 ms start.
+pub(crate) fn last_nonzero(data: &[u8]) -> Option<usize> {
+    const BLOCK: usize = 64;
+    let whole = data.len() - data.len() % BLOCK;
+    if let Some(i) = data[whole..].iter().rposition(|b| *b != 0) {
+        return Some(whole + i);
+    }
+    let block = data[..whole]
+        .chunks_exact(BLOCK)
+        .rposition(|c| c.iter().fold(0u8, |acc, b| acc | b) != 0)?;
+    let start = block * BLOCK;
+    data[start..start + BLOCK].iter().rposition(|b| *b != 0).map(|i| start + i)
+}
+
 /// Where the first whole record (a length that fits, a known kind, a matching checksum) starts
 /// in `data[from..limit]`, if anywhere. Replay asks this after a bad record: a crash tears only
 /// the end of what was written, so any valid record after the damage means it is not a torn
@@ -79,4 +96,29 @@ pub(crate) fn next_record(data: &[u8], pos: usize) -> Next<'_> {
         return Next::Bad { reason: "checksum mismatch" };
     }
     Next::Record { kind: data[pos + 8], payload: &data[pos + 9..end], next: end }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::last_nonzero;
+
+    proptest! {
+        /// The block scan finds what a byte-by-byte scan finds, wherever the last nonzero byte
+        /// falls against the 64-byte blocks.
+        #[test]
+        fn the_last_nonzero_byte_is_found_as_a_byte_scan_finds_it(
+            len in 0usize..600,
+            marks in proptest::collection::vec((any::<prop::sample::Index>(), 1u8..), 0..4),
+        ) {
+            let mut data = vec![0u8; len];
+            if len > 0 {
+                for (at, byte) in marks {
+                    data[at.index(len)] = byte;
+                }
+            }
+            prop_assert_eq!(last_nonzero(&data), data.iter().rposition(|b| *b != 0));
+        }
+    }
 }

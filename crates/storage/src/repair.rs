@@ -69,7 +69,7 @@ fn save<D: Dir>(dir: &D, name: &str, offset: u64, saved_as: &str) -> Result<usiz
     let file = dir.open(name).map_err(io("open", name))?;
     let data = read_segment(&file, name)?;
     let from = (offset as usize).min(data.len());
-    let end = data[from..].iter().rposition(|b| *b != 0).map_or(from, |i| from + i + 1);
+    let end = crate::record::last_nonzero(&data[from..]).map_or(from, |i| from + i + 1);
     let mut copy = dir.open(saved_as).map_err(io("create", saved_as))?;
     copy.set_len(0).map_err(io("truncate", saved_as))?;
     copy.write_at(0, &data[from..end]).map_err(io("write", saved_as))?;

@@ -112,7 +112,7 @@ fn end_of_data(
     bad: Option<&'static str>,
     is_last: bool,
 ) -> Result<(usize, usize), WalError> {
-    let Some(last_nonzero) = data[pos..].iter().rposition(|b| *b != 0).map(|i| pos + i) else {
+    let Some(last_nonzero) = crate::record::last_nonzero(&data[pos..]).map(|i| pos + i) else {
         return Ok((pos, pos));
     };
     let reason = bad.unwrap_or("zero length field with data after it");
