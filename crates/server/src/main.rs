@@ -221,6 +221,22 @@ struct TlsArgs {
     #[arg(long, num_args = 0..=1, default_missing_value = "true", action = clap::ArgAction::Set,
         default_value_t = false, alias = "experimental-peer-skip-client-san-verification")]
     peer_skip_client_san_verification: bool,
+    /// Certificate revocation list (PEM or DER): client certificates it revokes are refused.
+    #[arg(long)]
+    client_crl_file: Option<PathBuf>,
+    /// Certificate revocation list (PEM or DER): peer certificates it revokes are refused.
+    #[arg(long)]
+    peer_crl_file: Option<PathBuf>,
+    /// TLS 1.2 cipher suites (Go's names, comma-separated, most preferred first) for clients
+    /// and peers; empty: the defaults (ECDHE with AES-GCM or ChaCha20-Poly1305).
+    #[arg(long, value_delimiter = ',')]
+    cipher_suites: Vec<String>,
+    /// Lowest TLS version served and used: TLS1.2 or TLS1.3.
+    #[arg(long, default_value = "TLS1.2")]
+    tls_min_version: String,
+    /// Highest TLS version served and used: TLS1.2 or TLS1.3 (empty: the highest there is).
+    #[arg(long, default_value = "")]
+    tls_max_version: String,
 }
 
 /// One side's certificate flags (`prefix` is "" or "peer-"), when its certificate and key are
@@ -238,6 +254,7 @@ fn tls_files(
             key_file: key_file.clone(),
             trusted_ca_file: ca.clone(),
             client_cert_auth: auth,
+            ..TlsFiles::default()
         })),
         (None, None) => Ok(None),
         _ => anyhow::bail!(
@@ -328,7 +345,13 @@ fn tls_flags(t: &TlsArgs) -> Result<(Option<TlsFiles>, Option<TlsFiles>)> {
         &t.peer_trusted_ca_file,
         t.peer_client_cert_auth,
     )?;
-    Ok((client, peer))
+    let policy =
+        cairn_transport::TlsPolicy::parse(&t.cipher_suites, &t.tls_min_version, &t.tls_max_version)
+            .map_err(anyhow::Error::msg)?;
+    let with = |files: Option<TlsFiles>, crl: &Option<PathBuf>| {
+        files.map(|f| TlsFiles { crl_file: crl.clone(), policy: policy.clone(), ..f })
+    };
+    Ok((with(client, &t.client_crl_file), with(peer, &t.peer_crl_file)))
 }
 
 /// etcd's authentication flags.

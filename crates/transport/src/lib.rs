@@ -36,6 +36,7 @@ pub mod san;
 mod stream_in;
 mod stream_out;
 pub mod tls;
+mod tls_policy;
 pub mod url;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -50,7 +51,7 @@ pub use images::{ImageSource, OutgoingImages};
 pub use inbound::MAX_INBOUND_CONNS;
 pub use probe::PROBE_INTERVAL;
 pub use stream_out::SnapshotStats;
-pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles};
+pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles, TlsPolicy, TlsVersion};
 
 /// Where the transport hands what arrives and what happened. Called from the transport's
 /// threads; implementations queue and return (they must not block).

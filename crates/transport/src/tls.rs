@@ -15,17 +15,18 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use rustls_pki_types::pem::PemObject;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use rustls_pki_types::{CertificateDer, CertificateRevocationListDer, PrivateKeyDer};
+
+pub use crate::tls_policy::{TlsPolicy, TlsVersion};
 
 /// Files are looked at for changes at most this often.
 pub const RELOAD_CHECK: Duration = Duration::from_secs(1);
 
 /// One side's certificate files, as etcd's flags name them.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct TlsFiles {
     /// `--cert-file` (PEM: the certificate, then any intermediates).
     pub cert_file: PathBuf,
@@ -37,6 +38,12 @@ pub struct TlsFiles {
     /// `--client-cert-auth`: require and verify a client certificate (against the trusted CA
     /// file, or the system's roots without one).
     pub client_cert_auth: bool,
+    /// `--client-crl-file` / `--peer-crl-file`: a certificate revocation list (PEM or DER); a
+    /// listener refuses client certificates it revokes. Read again when it changes, as the
+    /// certificates are.
+    pub crl_file: Option<PathBuf>,
+    /// `--cipher-suites`, `--tls-min-version` and `--tls-max-version`.
+    pub policy: TlsPolicy,
 }
 
 /// Why a set of certificate files cannot be used. The messages follow Go's and etcd's, which
@@ -112,8 +119,18 @@ fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
         .map_err(|_| TlsError::NoPem { path: path.into(), what: "private key" })
 }
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+/// The revocation lists in `path`: PEM blocks, or one DER list (as Go's parser takes both).
+fn crls(path: &Path) -> Result<Vec<CertificateRevocationListDer<'static>>, TlsError> {
+    let data = read(path)?;
+    let pem: Vec<_> =
+        CertificateRevocationListDer::pem_slice_iter(&data).filter_map(Result::ok).collect();
+    if !pem.is_empty() {
+        return Ok(pem);
+    }
+    if data.first() == Some(&0x30) {
+        return Ok(vec![CertificateRevocationListDer::from(data)]);
+    }
+    Err(TlsError::NoPem { path: path.into(), what: "certificate revocation list" })
 }
 
 /// The CAs in `ca_file`, or the system's roots without one (as Go uses them).
@@ -152,14 +169,19 @@ impl TlsFiles {
     pub fn server_config(&self, alpn: &[&[u8]]) -> Result<ServerConfig, TlsError> {
         let chain = certs(&self.cert_file)?;
         let key = key(&self.key_file)?;
-        let builder = ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
+        let provider = self.policy.provider();
+        let builder = ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&self.policy.versions())
             .map_err(|source| TlsError::Invalid { what: "protocol versions".into(), source })?;
         let builder = if self.client_cert_auth || self.trusted_ca_file.is_some() {
             let roots = Arc::new(roots(self.trusted_ca_file.as_deref())?);
-            let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider())
-                .build()
-                .map_err(|e| TlsError::Invalid {
+            let mut verifier = WebPkiClientVerifier::builder_with_provider(roots, provider);
+            if let Some(path) = &self.crl_file {
+                // As etcd's check, which looks only for the certificate's serial in the list:
+                // a certificate whose issuer has no list here is not refused for that.
+                verifier = verifier.with_crls(crls(path)?).allow_unknown_revocation_status();
+            }
+            let verifier = verifier.build().map_err(|e| TlsError::Invalid {
                 what: "the trusted CA file".into(),
                 source: rustls::Error::General(e.to_string()),
             })?;
@@ -179,8 +201,8 @@ impl TlsFiles {
         let chain = certs(&self.cert_file)?;
         let key = key(&self.key_file)?;
         let roots = roots(self.trusted_ca_file.as_deref())?;
-        ClientConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
+        ClientConfig::builder_with_provider(self.policy.provider())
+            .with_protocol_versions(&self.policy.versions())
             .map_err(|source| TlsError::Invalid { what: "protocol versions".into(), source })?
             .with_root_certificates(roots)
             .with_client_auth_cert(chain, key)
@@ -189,7 +211,12 @@ impl TlsFiles {
 
     /// What identifies the files' current contents without reading them.
     fn stamps(&self) -> Vec<Option<(i64, i64, u64, u64)>> {
-        let files = [Some(&self.cert_file), Some(&self.key_file), self.trusted_ca_file.as_ref()];
+        let files = [
+            Some(&self.cert_file),
+            Some(&self.key_file),
+            self.trusted_ca_file.as_ref(),
+            self.crl_file.as_ref(),
+        ];
         files
             .into_iter()
             .flatten()

@@ -89,7 +89,7 @@ fn host_names_are_refused_for_listening_as_etcd_refuses_them() {
 
 #[test]
 fn etcd_flags_cairn_lacks_are_named_as_such() {
-    for args in [&["--auto-compaction-retention", "1"][..], &["--cipher-suites=x"]] {
+    for args in [&["--auto-compaction-retention", "1"][..], &["--auto-tls"]] {
         let out = cairn(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");
         let flag = args[0].split('=').next().expect("flag");
@@ -166,6 +166,33 @@ fn unusable_tls_flags_are_refused_in_etcds_words_before_anything_is_written() {
         assert!(!data.exists(), "{args:?} left {}", data.display());
     }
     let _ = std::fs::remove_dir_all(certs);
+}
+
+/// etcd's version and cipher suite flags are checked at start, in etcd's words.
+#[test]
+fn tls_version_and_cipher_suite_flags_are_read_as_etcd_reads_them() {
+    let cases: [(&[&str], &str); 4] = [
+        (
+            &["--tls-min-version", "TLS1.1"],
+            r#"unexpected TLS version "TLS1.1" (must be one of: TLS1.2, TLS1.3)"#,
+        ),
+        (
+            &["--tls-min-version=TLS1.3", "--tls-max-version=TLS1.2"],
+            "min version (TLS1.3) is greater than max version (TLS1.2)",
+        ),
+        (&["--cipher-suites", "TLS_BOGUS"], r#"unexpected TLS cipher suite "TLS_BOGUS""#),
+        (
+            &["--tls-min-version=TLS1.3", "--cipher-suites=TLS_AES_128_GCM_SHA256"],
+            "cipher suites cannot be configured when only TLS1.3 is enabled",
+        ),
+    ];
+    for (i, (args, want)) in cases.iter().enumerate() {
+        let data = tmp(&format!("tls-policy-{i}"));
+        let out = cairn(&[&["--data-dir", data.to_str().expect("utf-8")][..], args].concat());
+        assert!(!out.status.success(), "{args:?}");
+        assert!(stderr(&out).contains(want), "{args:?}: {}", stderr(&out));
+        assert!(!data.exists(), "{args:?} left {}", data.display());
+    }
 }
 
 #[test]

@@ -83,8 +83,7 @@ async fn tls_is_served_a_plain_client_fails_cleanly_and_a_new_certificate_is_pic
     let files = TlsFiles {
         cert_file: cert_file.clone(),
         key_file: key_file.clone(),
-        trusted_ca_file: None,
-        client_cert_auth: false,
+        ..TlsFiles::default()
     };
     let (port, stop) = serve("tls", &dir, files).await;
     assert!(round_trip(client(port, &ca.ca_file(), None).await, "a").await);

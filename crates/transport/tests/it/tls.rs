@@ -123,6 +123,7 @@ fn a_peer_certificate_is_accepted_only_from_an_address_it_names() {
         key_file,
         trusted_ca_file: Some(ca.ca_file()),
         client_cert_auth: true,
+        ..TlsFiles::default()
     };
     for skip in [false, true] {
         let ((la, aa), (lb, ab)) = (listener(), listener());
@@ -142,6 +143,86 @@ fn a_peer_certificate_is_accepted_only_from_an_address_it_names() {
             }
         }
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--peer-crl-file`: a member whose certificate the list revokes is refused; another of the
+/// same CA gets through.
+#[test]
+fn a_revoked_peer_certificate_is_refused() {
+    let dir = pki::dir("peers-crl");
+    let ca = Ca::new(&dir, "peer");
+    let mut fa = ca.files("a", "a", true);
+    fa.crl_file = Some(ca.crl("revoked", &[0x1bad]));
+    let trusted = |(cert_file, key_file): (std::path::PathBuf, std::path::PathBuf)| TlsFiles {
+        cert_file,
+        key_file,
+        trusted_ca_file: Some(ca.ca_file()),
+        client_cert_auth: true,
+        ..TlsFiles::default()
+    };
+    let revoked = trusted(ca.issue_serial("b", "b", 0x1bad));
+    let good = trusted(ca.issue_serial("c", "c", 0x600d));
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = member(A, la, B, ab, &fa);
+    let (tb, _rb) = member(B, lb, A, aa, &revoked);
+    tb.send([heartbeat(B, A, 1)]);
+    no_message(&ra, Duration::from_millis(1500));
+    drop(tb);
+    let (lc, _) = listener();
+    let (tc, _rc) = member(B, lc, A, aa, &good);
+    tc.send([heartbeat(B, A, 2)]);
+    assert_eq!(next_message(&ra), heartbeat(B, A, 2));
+    drop(ta);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// `--tls-max-version` and `--cipher-suites`: a listener held to TLS 1.2 and one suite
+/// negotiates exactly that; one that requires TLS 1.3 refuses a dialer held to TLS 1.2.
+#[tokio::test]
+async fn versions_and_cipher_suites_are_as_configured() {
+    let dir = pki::dir("policy");
+    let ca = Ca::new(&dir, "policy");
+    let policy = |suites: &[&str], min: &str, max: &str| {
+        let suites: Vec<String> = suites.iter().map(|s| s.to_string()).collect();
+        cairn_transport::TlsPolicy::parse(&suites, min, max).expect("a policy")
+    };
+    let suite = "TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384";
+    let mut server = ca.files("server", "server", false);
+    server.policy = policy(&[suite], "TLS1.2", "TLS1.2");
+    let tls = ServerTls::new(server, &[]).expect("server TLS");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let acceptor = tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (conn, _) = listener.accept().await.expect("accept");
+        let mut conn = tls.acceptor().accept(conn).await.expect("a handshake");
+        // The byte each way `handshake` exchanges.
+        let mut b = [0u8; 1];
+        conn.read_exact(&mut b).await.expect("a byte");
+        conn.write_all(b"y").await.expect("a byte back");
+        conn.flush().await.expect("flushed");
+        let state = conn.get_ref().1;
+        (state.protocol_version(), state.negotiated_cipher_suite().map(|s| s.suite()))
+    });
+    let client = ClientTls::new(ca.files("client", "client", false)).expect("client TLS");
+    handshake(addr, &client).await.expect("a handshake");
+    let (version, negotiated) = acceptor.await.expect("the acceptor");
+    assert_eq!(version, Some(rustls::ProtocolVersion::TLSv1_2));
+    assert_eq!(negotiated.map(|s| format!("{s:?}")), Some(suite.to_string()));
+    let mut only13 = ca.files("server13", "server", false);
+    only13.policy = policy(&[], "TLS1.3", "");
+    let tls = Arc::new(ServerTls::new(only13, &[]).expect("server TLS"));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        let (conn, _) = listener.accept().await.expect("accept");
+        let _ = tls.acceptor().accept(conn).await;
+    });
+    let mut old = ca.files("client12", "client", false);
+    old.policy = policy(&[], "", "TLS1.2");
+    let old = ClientTls::new(old).expect("client TLS");
+    assert!(handshake(addr, &old).await.is_err(), "a TLS 1.2 dialer met a TLS 1.3 listener");
     let _ = std::fs::remove_dir_all(dir);
 }
 
@@ -228,7 +309,7 @@ async fn a_replaced_certificate_is_served_to_new_connections_and_a_broken_one_is
     let dir = pki::dir("reload");
     let (old_ca, new_ca) = (Ca::new(&dir, "old"), Ca::new(&dir, "new"));
     let (cert_file, key_file) = old_ca.issue("server", "server");
-    let files = TlsFiles { cert_file, key_file, trusted_ca_file: None, client_cert_auth: false };
+    let files = TlsFiles { cert_file, key_file, ..TlsFiles::default() };
     let server = Arc::new(ServerTls::new(files.clone(), &[]).expect("server TLS"));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr");

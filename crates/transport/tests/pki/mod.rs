@@ -50,8 +50,40 @@ impl Ca {
 
     /// [`Ca::issue`] for these subject alternative names (DNS names or IP addresses).
     pub fn issue_for(&self, file: &str, cn: &str, sans: &[&str]) -> (PathBuf, PathBuf) {
+        self.leaf(file, cn, sans, None)
+    }
+
+    /// [`Ca::issue`] with this serial number, to revoke it by ([`Ca::crl`]).
+    pub fn issue_serial(&self, file: &str, cn: &str, serial: u64) -> (PathBuf, PathBuf) {
+        self.leaf(file, cn, &["localhost", "127.0.0.1"], Some(serial))
+    }
+
+    /// A revocation list of this CA revoking `serials`, written to `<file>.pem`.
+    pub fn crl(&self, file: &str, serials: &[u64]) -> PathBuf {
+        let revoked = |serial: &u64| rcgen::RevokedCertParams {
+            serial_number: rcgen::SerialNumber::from(*serial),
+            revocation_time: rcgen::date_time_ymd(2025, 1, 1),
+            reason_code: Some(rcgen::RevocationReason::KeyCompromise),
+            invalidity_date: None,
+        };
+        let params = rcgen::CertificateRevocationListParams {
+            this_update: rcgen::date_time_ymd(2025, 1, 1),
+            next_update: rcgen::date_time_ymd(2099, 1, 1),
+            crl_number: rcgen::SerialNumber::from(1u64),
+            issuing_distribution_point: None,
+            revoked_certs: serials.iter().map(revoked).collect(),
+            key_identifier_method: rcgen::KeyIdMethod::Sha256,
+        };
+        let crl = params.signed_by(&self.issuer).expect("a signed CRL");
+        let path = self.dir.join(format!("{file}.pem"));
+        std::fs::write(&path, crl.pem().expect("PEM")).expect("write the CRL");
+        path
+    }
+
+    fn leaf(&self, file: &str, cn: &str, sans: &[&str], serial: Option<u64>) -> (PathBuf, PathBuf) {
         let sans: Vec<String> = sans.iter().map(|s| s.to_string()).collect();
         let mut params = CertificateParams::new(sans).expect("leaf params");
+        params.serial_number = serial.map(rcgen::SerialNumber::from);
         params.distinguished_name.push(DnType::CommonName, cn);
         params.extended_key_usages =
             vec![ExtendedKeyUsagePurpose::ServerAuth, ExtendedKeyUsagePurpose::ClientAuth];
@@ -73,6 +105,7 @@ impl Ca {
             key_file,
             trusted_ca_file: Some(self.ca_file()),
             client_cert_auth: verify_clients,
+            ..TlsFiles::default()
         }
     }
 }
