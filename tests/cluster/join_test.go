@@ -7,7 +7,6 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -152,24 +150,7 @@ func keyCount() int {
 func (c *cluster) join(cl *clientv3.Client, with []int) (int, []time.Time) {
 	c.t.Helper()
 	i, id, changes := c.addLearner(cl, with)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c.failIfCrashed()
-		cx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		at := time.Now()
-		_, err := cl.MemberPromote(cx, id)
-		cancel()
-		if err == nil {
-			return i, append(changes, at)
-		}
-		if !errors.Is(err, rpctypes.ErrMemberLearnerNotReady) {
-			c.t.Fatalf("member promote %x: %v", id, err)
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("the learner %x never caught up; logs in %s", id, c.root)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	return i, append(changes, c.promote(cl, id))
 }
 
 // addLearner adds a learner through cl and starts it from an empty data directory with
