@@ -51,6 +51,17 @@ pub struct BenchArgs {
     /// Drive an embedded cairn engine in-process (no gRPC) with its data in this directory.
     #[arg(long, value_name = "DATA_DIR", global = true)]
     pub embedded: Option<PathBuf>,
+    /// With --embedded: run this many engines in-process as one cluster over loopback peer
+    /// connections (data in DATA_DIR/m0, m1, ...), client i using member i % N, so followers
+    /// forward writes to the leader and confirm linearizable reads with it.
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_parser = clap::value_parser!(u16).range(1..),
+        requires = "embedded",
+        global = true
+    )]
+    pub members: u16,
     /// Give up on one request after this many seconds.
     #[arg(long, default_value_t = 10, global = true)]
     pub timeout_secs: u64,

@@ -152,6 +152,9 @@ fn params(a: &BenchArgs) -> std::collections::BTreeMap<&'static str, String> {
     p.insert("key_space", a.key_space.to_string());
     p.insert("rate", a.rate.to_string());
     p.insert("embedded", a.embedded.is_some().to_string());
+    if a.embedded.is_some() {
+        p.insert("members", a.members.to_string());
+    }
     p
 }
 
@@ -296,14 +299,25 @@ async fn run_embedded(
     if a.idle_watchers > 0 {
         return Err("--idle-watchers needs a gRPC endpoint, not --embedded".into());
     }
-    let target = Embedded::open(dir)?;
-    prepare(&target, a, op).await?;
-    let (tally, elapsed) = drive(target.clone(), a, op, range_key, progress(a.total)).await;
-    target.0.stop();
+    let target = match a.members {
+        1 => Embedded::open(dir)?,
+        n => Embedded::open_cluster(dir, usize::from(n)).await?,
+    };
+    // The members stop whatever happened: a cluster left running would hold its ports.
+    let driven = match prepare(&target, a, op).await {
+        Ok(()) => Ok(drive(target.clone(), a, op, range_key, progress(a.total)).await),
+        Err(e) => Err(e),
+    };
+    target.stop();
+    let (tally, elapsed) = driven?;
+    let server_version = match target.members() {
+        1 => "cairn (embedded)".to_string(),
+        n => format!("cairn (embedded, {n} members)"),
+    };
     Ok(Report {
         workload: name.to_string(),
         endpoint: format!("embedded:{}", dir.display()),
-        server_version: "cairn (embedded)".into(),
+        server_version,
         params: params(a),
         elapsed,
         tally,

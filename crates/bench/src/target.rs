@@ -1,10 +1,12 @@
 //! Where requests go: an etcd v3 endpoint over gRPC, or an embedded cairn engine.
 
 use std::future::Future;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use cairn_node::cluster::{ClusterConfig, ClusterState};
 use cairn_node::{Engine, EngineConfig};
 use cairn_proto::etcdserverpb as pb;
 use tonic::transport::{Channel, Endpoint};
@@ -111,35 +113,131 @@ impl Target for Grpc {
     }
 }
 
-/// An in-process engine: what cairn costs without gRPC.
+/// Engines in this process: what cairn costs without gRPC. One engine, or the members of one
+/// cluster with client `i` on member `i % members`.
 #[derive(Clone, Debug)]
-pub struct Embedded(pub Arc<Engine>);
+pub struct Embedded {
+    engines: Arc<Vec<Engine>>,
+}
+
+/// The cluster token of `--members` clusters (it seeds the member and cluster ids).
+const CLUSTER_TOKEN: &str = "cairn-bench";
 
 impl Embedded {
-    pub fn open(dir: &std::path::Path) -> Result<Embedded, String> {
-        Engine::open(EngineConfig::new("bench", dir))
-            .map(|e| Embedded(Arc::new(e)))
-            .map_err(|e| e.to_string())
+    /// One engine with its data in `dir`, as `--embedded` has always run.
+    pub fn open(dir: &Path) -> Result<Embedded, String> {
+        let engine = Engine::open(EngineConfig::new("bench", dir)).map_err(|e| e.to_string())?;
+        Ok(Embedded { engines: Arc::new(vec![engine]) })
+    }
+
+    /// `members` engines founding one cluster over loopback peer connections, with their data
+    /// in `dir/m0`, `dir/m1`, ... and every other setting at its default (fsync on); returns
+    /// once every member sees the same leader, so that the first requests find one.
+    pub async fn open_cluster(dir: &Path, members: usize) -> Result<Embedded, String> {
+        let mut engines = Vec::with_capacity(members);
+        for cfg in cluster_configs(dir, members)? {
+            let at = cfg.data_dir.display().to_string();
+            engines.push(Engine::open(cfg).map_err(|e| format!("{at}: {e}"))?);
+        }
+        let target = Embedded { engines: Arc::new(engines) };
+        if let Err(e) = target.agreed_leader(Duration::from_secs(30)).await {
+            target.stop();
+            return Err(e);
+        }
+        Ok(target)
+    }
+
+    /// Waits until every member names the same leader.
+    async fn agreed_leader(&self, within: Duration) -> Result<u64, String> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let seen: Vec<Option<u64>> = self.engines.iter().map(Engine::leader).collect();
+            if let Some(Some(l)) = seen.first() {
+                if seen.iter().all(|s| *s == Some(*l)) {
+                    return Ok(*l);
+                }
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(format!("the members agreed on no leader within {within:?}: {seen:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// The members, in order.
+    pub fn members(&self) -> usize {
+        self.engines.len()
+    }
+
+    fn engine(&self, client: usize) -> &Engine {
+        &self.engines[client % self.engines.len()]
+    }
+
+    /// Stops every member.
+    pub fn stop(&self) {
+        self.engines.iter().for_each(Engine::stop);
     }
 }
 
+/// The members' configurations: `m0=http://127.0.0.1:<port>,...` as etcd's `--initial-cluster`,
+/// on free loopback ports.
+fn cluster_configs(dir: &Path, members: usize) -> Result<Vec<EngineConfig>, String> {
+    // A member's data binds it to its peer URLs, which are new ports on every run: a directory
+    // from an earlier run cannot found this cluster.
+    for i in 0..members {
+        let member = dir.join(format!("m{i}")).join("member");
+        if member.exists() {
+            return Err(format!(
+                "{} holds a member of an earlier cluster: --members founds a new cluster, \
+                 give it an empty directory",
+                member.display()
+            ));
+        }
+    }
+    // Bound together so that they differ, then released for the engines to bind.
+    let probes = (0..members)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("finding free loopback ports: {e}"))?;
+    let urls = probes
+        .iter()
+        .map(|l| l.local_addr().map(|a| format!("http://{a}")))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("finding free loopback ports: {e}"))?;
+    drop(probes);
+    let initial: Vec<String> = urls.iter().enumerate().map(|(i, u)| format!("m{i}={u}")).collect();
+    let initial = initial.join(",");
+    let mut configs = Vec::with_capacity(members);
+    for (i, url) in urls.iter().enumerate() {
+        let name = format!("m{i}");
+        let url = std::slice::from_ref(url);
+        let cluster =
+            ClusterConfig::from_flags(&name, &initial, CLUSTER_TOKEN, url, url, ClusterState::New)
+                .map_err(|e| e.to_string())?;
+        let mut cfg = EngineConfig::new(&name, dir.join(&name));
+        cfg.cluster = Some(cluster);
+        configs.push(cfg);
+    }
+    Ok(configs)
+}
+
 impl Target for Embedded {
-    async fn put(&self, _: usize, key: Vec<u8>, value: Vec<u8>) -> Result<(), OpError> {
+    async fn put(&self, client: usize, key: Vec<u8>, value: Vec<u8>) -> Result<(), OpError> {
         let req = cairn_kv::PutRequest {
             key: Bytes::from(key),
             value: Bytes::from(value),
             ..Default::default()
         };
-        self.0.put(req).await.map(|_| ()).map_err(|e| e.to_string())
+        self.engine(client).put(req).await.map(|_| ()).map_err(|e| e.to_string())
     }
 
-    async fn range(&self, _: usize, key: Vec<u8>, serializable: bool) -> Result<(), OpError> {
+    async fn range(&self, client: usize, key: Vec<u8>, serializable: bool) -> Result<(), OpError> {
         let req =
             cairn_kv::RangeRequest { key: Bytes::from(key), serializable, ..Default::default() };
-        self.0.range(req).await.map(|_| ()).map_err(|e| e.to_string())
+        self.engine(client).range(req).await.map(|_| ()).map_err(|e| e.to_string())
     }
 
-    async fn txn_put(&self, _: usize, key: Vec<u8>, value: Vec<u8>) -> Result<(), OpError> {
+    async fn txn_put(&self, client: usize, key: Vec<u8>, value: Vec<u8>) -> Result<(), OpError> {
         let put = cairn_kv::PutRequest {
             key: Bytes::from(key),
             value: Bytes::from(value),
@@ -150,6 +248,6 @@ impl Target for Embedded {
             success: vec![cairn_kv::RequestOp::Put(put)],
             failure: vec![],
         };
-        self.0.txn(req).await.map(|_| ()).map_err(|e| e.to_string())
+        self.engine(client).txn(req).await.map(|_| ()).map_err(|e| e.to_string())
     }
 }

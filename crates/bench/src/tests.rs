@@ -174,3 +174,58 @@ async fn watch_and_lease_runs_fail_where_nothing_listens() {
         assert!(e.contains("cannot connect"), "{w}: {e}");
     }
 }
+
+/// A data directory of its own, removed when the test ends, passed or failed.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> TempDir {
+        let d = std::env::temp_dir().join(format!("cairn-bench-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        TempDir(d)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().expect("a UTF-8 temp path")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `--embedded DIR --members 3`: three engines in one cluster, clients spread over them, so
+/// two of every three writes are forwarded by a follower and two of every three linearizable
+/// reads confirmed through one; every request is counted, none fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_embedded_members_serve_every_request() {
+    let dir = TempDir::new("members");
+    let common = ["--embedded", dir.path(), "--members", "3", "--clients", "6", "--total", "300"];
+    for workload in [&["put"][..], &["range", "--consistency", "l"], &["txn-put"]] {
+        let line: Vec<&str> = common.iter().chain(workload).copied().collect();
+        let run = crate::run(args(&line));
+        let report = tokio::time::timeout(Duration::from_secs(120), run)
+            .await
+            .expect("the run ends in time")
+            .expect("the run succeeds");
+        assert_eq!(report.tally.ok, 300, "{workload:?}");
+        assert!(report.failure().is_none(), "{workload:?}: {:?}", report.failure());
+        assert_eq!(report.server_version, "cairn (embedded, 3 members)");
+        assert_eq!(report.params.get("members").map(String::as_str), Some("3"));
+        // Each run founds a cluster of its own.
+        let _ = std::fs::remove_dir_all(&dir.0);
+    }
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn members_found_a_new_cluster_only() {
+    let dir = TempDir::new("reused");
+    std::fs::create_dir_all(dir.0.join("m0").join("member")).expect("a stale member");
+    let r = crate::run(args(&["--embedded", dir.path(), "--members", "3", "put"])).await;
+    let e = r.expect_err("a directory of an earlier cluster is refused");
+    assert!(e.contains("give it an empty directory"), "{e}");
+    let e = Cli::try_parse_from(["bench", "--members", "3", "put"]).expect_err("needs --embedded");
+    assert!(e.to_string().contains("--embedded"), "{e}");
+}

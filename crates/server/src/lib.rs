@@ -195,30 +195,91 @@ fn client_tls(cfg: &ServeConfig) -> anyhow::Result<listen::Tls> {
     Ok(Some(Arc::new(tls)))
 }
 
-/// Opens the engine and serves the etcd API (and HTTP health) until `shutdown` resolves.
+/// Opens the engine and serves the etcd API (and HTTP health) until `shutdown` resolves; a
+/// leader hands its leadership over before the engine stops, as etcd does on SIGTERM.
 #[cfg(feature = "server")]
 pub async fn serve(
     cfg: ServeConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let addrs: Vec<SocketAddr> = cfg
-        .listen_client_urls
-        .iter()
-        .map(|u| parse_url(u))
-        .collect::<Result<_, _>>()
-        .map_err(anyhow::Error::msg)?;
-    let tls = client_tls(&cfg)?;
-    let max_request = cfg.engine.max_request_bytes;
-    let fd_limit = fdlimit::raise_nofile();
+    // The URLs and certificates first: a mistake in them is reported before the data
+    // directory is touched.
+    let listen = Listen::check(&cfg)?;
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
-    // Set when the server stops: graceful shutdown waits for every stream to end, so the
-    // streams that would never end by themselves (watches) end on it.
-    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let ctx = services::Ctx {
-        engine: engine.clone(),
+    let served = serve_api(engine.clone(), &cfg, listen, shutdown, Owner::Server).await;
+    tokio::task::block_in_place(|| engine.stop());
+    served
+}
+
+/// Serves the etcd API (and HTTP health and `/metrics`) on `cfg.listen_client_urls` for an
+/// engine the caller opened and keeps, until `shutdown` resolves or the engine stops: a program
+/// that embeds [`Engine`] exposes it to etcd clients (etcdctl, client libraries) on the side.
+///
+/// `cfg.engine` is not read: the engine's own configuration is ([`ServeConfig::new`] with
+/// `engine.config().clone()` is the usual way to make `cfg`). The engine stays the caller's:
+/// serving stops without stopping it or moving its leadership. It ends with `Ok` once
+/// `shutdown` resolves or the caller stops the engine, and with the reason when the engine
+/// stops by itself (a storage failure, or its removal from the cluster). As [`serve`] does,
+/// it raises the process's soft limit on open files to the hard limit, so client connections
+/// never take the descriptors the engine's log needs.
+///
+/// The calls a follower forwards by the leader's client URL (lease keepalives and TTLs,
+/// membership changes) reach the leader only if the leader serves the API too, at the
+/// `advertise_client_urls` it was opened with; KV requests and watches need no such thing.
+#[cfg(feature = "server")]
+pub async fn serve_engine(
+    engine: Arc<Engine>,
+    cfg: ServeConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let listen = Listen::check(&cfg)?;
+    serve_api(engine, &cfg, listen, shutdown, Owner::Caller).await
+}
+
+/// Who stops the engine once serving ends: what serving does on its way out.
+#[cfg(feature = "server")]
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// [`serve`]: the engine stops with the server, so a leader hands its leadership over.
+    Server,
+    /// [`serve_engine`]: the engine outlives the server and keeps its role.
+    Caller,
+}
+
+/// What is checked before anything opens: the client URLs, their TLS, the open-file limit.
+#[cfg(feature = "server")]
+struct Listen {
+    addrs: Vec<SocketAddr>,
+    tls: listen::Tls,
+    fd_limit: Option<u64>,
+}
+
+#[cfg(feature = "server")]
+impl Listen {
+    fn check(cfg: &ServeConfig) -> anyhow::Result<Listen> {
+        let addrs = cfg
+            .listen_client_urls
+            .iter()
+            .map(|u| parse_url(u))
+            .collect::<Result<_, _>>()
+            .map_err(anyhow::Error::msg)?;
+        let tls = client_tls(cfg)?;
+        Ok(Listen { addrs, tls, fd_limit: fdlimit::raise_nofile() })
+    }
+}
+
+/// What the etcd services share, for `engine` as `cfg` serves it.
+#[cfg(feature = "server")]
+fn services_context(
+    engine: Arc<Engine>,
+    cfg: &ServeConfig,
+    stopping: tokio::sync::watch::Receiver<bool>,
+) -> anyhow::Result<services::Ctx> {
+    Ok(services::Ctx {
+        engine,
         peer_urls: cfg.advertise_peer_urls.clone(),
         watch_progress_interval: cfg.watch_progress_interval,
-        stopping: stop_rx.clone(),
+        stopping,
         leader_channels: lease::LeaderChannels::default(),
         range_budget: range_budget::RangeBudget::new(match cfg.max_range_bytes_in_flight {
             0 => range_budget::default_bytes(),
@@ -231,10 +292,15 @@ pub async fn serve(
             cert_auth: cfg.client_tls.as_ref().is_some_and(|t| t.client_cert_auth),
             tokens: cfg.auth_token.clone(),
         },
-    };
+    })
+}
+
+/// Every etcd service and the HTTP endpoints, behind one router.
+#[cfg(feature = "server")]
+async fn router(ctx: services::Ctx) -> http::Dispatch {
     // etcd accepts messages up to the request limit plus gRPC overhead, on every service, then
     // checks the limit itself so the client gets "request is too large".
-    let max_decode = max_request + 512 * 1024;
+    let max_decode = ctx.engine.config().max_request_bytes + 512 * 1024;
     let (health_reporter, health_service) = tonic_health::server::health_reporter();
     health_reporter.set_serving::<pb::kv_server::KvServer<services::Ctx>>().await;
     // Every etcd service: the receive limit, and gzip-compressed requests (grpc-go clients may
@@ -263,33 +329,62 @@ pub async fn serve(
             },
         ))
         .layer(tower::util::MapResponseLayer::new(large_response::send_encoded));
-    let router = http::Dispatch {
+    http::Dispatch {
         grpc: grpc_routes,
-        http: http::routes(engine.clone()),
-        engine: Some(engine.clone()),
-    };
-    let mut metrics_listeners = Vec::new();
+        http: http::routes(ctx.engine.clone()),
+        engine: Some(ctx.engine.clone()),
+    }
+}
+
+/// The bound client and metrics listeners.
+#[cfg(feature = "server")]
+struct Listeners {
+    clients: Vec<(SocketAddr, tokio::net::TcpListener, listen::Tls)>,
+    metrics: Vec<(SocketAddr, tokio::net::TcpListener)>,
+}
+
+#[cfg(feature = "server")]
+async fn bind(cfg: &ServeConfig, listen: Listen) -> anyhow::Result<Listeners> {
+    let mut metrics = Vec::new();
     for url in &cfg.listen_metrics_urls {
         let addr = parse_url(url).map_err(anyhow::Error::msg)?;
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("--listen-metrics-urls: listen on {addr}: {e}"))?;
-        metrics_listeners.push((addr, listener));
+        metrics.push((addr, listener));
     }
-    let mut listeners = Vec::new();
-    for (addr, url) in addrs.into_iter().zip(&cfg.listen_client_urls) {
+    let mut clients = Vec::new();
+    for (addr, url) in listen.addrs.into_iter().zip(&cfg.listen_client_urls) {
         let listener = tokio::net::TcpListener::bind(addr)
             .await
             .map_err(|e| anyhow::anyhow!("listen on {addr}: {e}"))?;
-        let tls = if cairn_transport::url::is_tls(url) { tls.clone() } else { None };
-        listeners.push((addr, listener, tls));
+        let tls = if cairn_transport::url::is_tls(url) { listen.tls.clone() } else { None };
+        clients.push((addr, listener, tls));
     }
+    Ok(Listeners { clients, metrics })
+}
+
+/// Serves the etcd API for `engine` until `shutdown` resolves or the engine stops.
+#[cfg(feature = "server")]
+async fn serve_api(
+    engine: Arc<Engine>,
+    cfg: &ServeConfig,
+    listen: Listen,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    owner: Owner,
+) -> anyhow::Result<()> {
+    // Set when the server stops: graceful shutdown waits for every stream to end, so the
+    // streams that would never end by themselves (watches) end on it.
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let router = router(services_context(engine.clone(), cfg, stop_rx.clone())?).await;
+    let fd_limit = listen.fd_limit;
+    let listeners = bind(cfg, listen).await?;
     // Once everything but the clients is open: the engine, the peer transport, the listeners.
     let conns = fdlimit::ConnLimit::for_clients(cfg.max_client_conns, fd_limit)
         .map_err(anyhow::Error::msg)?;
     let mut servers = Vec::new();
     let checker = cfg.corrupt_check_interval.map(|i| tokio::spawn(corrupt::run(engine.clone(), i)));
-    for (addr, listener, tls) in listeners {
+    for (addr, listener, tls) in listeners.clients {
         let scheme = if tls.is_some() { "https" } else { "http" };
         eprintln!("cairn: serving the etcd v3 API on {scheme}://{addr}");
         let max_streams = cfg.max_concurrent_streams;
@@ -302,7 +397,7 @@ pub async fn serve(
             tls,
         )));
     }
-    for (addr, listener) in metrics_listeners {
+    for (addr, listener) in listeners.metrics {
         eprintln!("cairn: serving /metrics and /health on http://{addr}");
         let stopped = streams::stopped(stop_rx.clone());
         let app = http::metrics_routes(engine.clone());
@@ -312,27 +407,11 @@ pub async fn serve(
             }
         }));
     }
-    // Fail-stop: if storage fails, the engine refuses everything; the process then exits with
-    // the reason, so a supervisor restarts it and the WAL replays.
-    let failure = {
-        let engine = engine.clone();
-        async move {
-            loop {
-                tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-                if let Some(why) = engine.status().failure {
-                    return format!("stopped after a storage failure: {why}");
-                }
-                if engine.is_removed() {
-                    return cairn_node::StopCause::Removed.to_string();
-                }
-            }
-        }
+    let end = tokio::select! {
+        () = shutdown => End::Asked,
+        end = engine_stopped(engine.clone()) => end,
     };
-    let fatal = tokio::select! {
-        () = shutdown => None,
-        why = failure => Some(why),
-    };
-    if fatal.is_none() {
+    if end == End::Asked && owner == Owner::Server {
         // Still serving while it hands over, as etcd does.
         if let Err(e) = engine.hand_over_leadership().await {
             tracing::warn!("leadership transfer before stopping failed: {e}");
@@ -345,9 +424,35 @@ pub async fn serve(
     for s in servers {
         let _ = s.await;
     }
-    tokio::task::block_in_place(|| engine.stop());
-    match fatal {
-        Some(why) => Err(anyhow::anyhow!("{why}")),
-        None => Ok(()),
+    match end {
+        End::Fatal(why) => Err(anyhow::anyhow!("{why}")),
+        End::Asked | End::EngineStopped => Ok(()),
     }
+}
+
+/// Why serving ends.
+#[cfg(feature = "server")]
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    /// The shutdown future resolved.
+    Asked,
+    /// The engine's owner stopped it ([`serve_engine`]'s caller).
+    EngineStopped,
+    /// Fail-stop: the engine stopped by itself and refuses everything; `cairn serve` exits with
+    /// the reason, so a supervisor restarts it and the WAL replays.
+    Fatal(String),
+}
+
+/// Resolves once the engine stops: its leadership notifications end then, whatever stopped it.
+#[cfg(feature = "server")]
+async fn engine_stopped(engine: Arc<Engine>) -> End {
+    let mut leadership = engine.leadership();
+    while leadership.changed().await.is_ok() {}
+    if let Some(why) = engine.status().failure {
+        return End::Fatal(format!("stopped after a storage failure: {why}"));
+    }
+    if engine.is_removed() {
+        return End::Fatal(cairn_node::StopCause::Removed.to_string());
+    }
+    End::EngineStopped
 }

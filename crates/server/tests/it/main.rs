@@ -7,6 +7,7 @@ mod cli;
 mod common;
 mod corrupt_check;
 mod damaged_files;
+mod embedded_cluster;
 mod fd_limit;
 mod grpc_frames;
 mod hostile;
