@@ -92,7 +92,7 @@ pub(crate) async fn serve(
                 watcher: graceful.watcher(),
                 stop: stop.clone(),
             };
-            tokio::spawn(serve_tls(tcp, addr, tls.acceptor(), stack, admitted));
+            tokio::spawn(serve_tls(tcp, addr, tls.clone(), stack, admitted));
             continue;
         }
         // Frames written together (see `Coalesced`); etcdctl 3.4 sends a URL as :authority,
@@ -127,12 +127,12 @@ struct Stack {
 async fn serve_tls(
     tcp: tokio::net::TcpStream,
     addr: std::net::SocketAddr,
-    acceptor: tokio_rustls::TlsAcceptor,
+    tls: Arc<ServerTls>,
     stack: Stack,
     admitted: Admitted,
 ) {
     let Stack { builder, router, watcher, stop } = stack;
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp));
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.acceptor().accept(tcp));
     let handshake = tokio::select! {
         done = handshake => done,
         () = crate::streams::stopped(stop) => return,
@@ -145,7 +145,12 @@ async fn serve_tls(
             return tracing::warn!(%addr, "rejected a client connection: TLS handshake timed out")
         }
     };
-    let name = stream.get_ref().1.peer_certificates().and_then(|c| c.first()).and_then(common_name);
+    let cert = stream.get_ref().1.peer_certificates().and_then(|c| c.first());
+    // `--client-cert-allowed-hostname`, as etcd checks it.
+    if let Err(why) = tls.check_allowed(cert) {
+        return tracing::warn!(%addr, "rejected a client connection: {why}");
+    }
+    let name = cert.and_then(common_name);
     let name = name.map(ClientCertName);
     let io = TokioIo::new(Coalesced::new(crate::authority::FixAuthority::new(stream)));
     let service = router.map_request(move |req: hyper::Request<Incoming>| {

@@ -237,6 +237,17 @@ struct TlsArgs {
     /// Highest TLS version served and used: TLS1.2 or TLS1.3 (empty: the highest there is).
     #[arg(long, default_value = "")]
     tls_max_version: String,
+    /// Client certificates must be valid for one of these host names or addresses
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    client_cert_allowed_hostname: Vec<String>,
+    /// Peer certificates, both ways, must have one of these Common Names (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    peer_cert_allowed_cn: Vec<String>,
+    /// Peer certificates, both ways, must be valid for one of these host names or addresses
+    /// (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    peer_cert_allowed_hostname: Vec<String>,
 }
 
 /// One side's certificate flags (`prefix` is "" or "peer-"), when its certificate and key are
@@ -348,10 +359,27 @@ fn tls_flags(t: &TlsArgs) -> Result<(Option<TlsFiles>, Option<TlsFiles>)> {
     let policy =
         cairn_transport::TlsPolicy::parse(&t.cipher_suites, &t.tls_min_version, &t.tls_max_version)
             .map_err(anyhow::Error::msg)?;
-    let with = |files: Option<TlsFiles>, crl: &Option<PathBuf>| {
-        files.map(|f| TlsFiles { crl_file: crl.clone(), policy: policy.clone(), ..f })
-    };
-    Ok((with(client, &t.client_crl_file), with(peer, &t.peer_crl_file)))
+    if !t.peer_cert_allowed_cn.is_empty() && !t.peer_cert_allowed_hostname.is_empty() {
+        anyhow::bail!(
+            "AllowedCNs and AllowedHostnames are mutually exclusive (cns={:?}, hostnames={:?})",
+            t.peer_cert_allowed_cn,
+            t.peer_cert_allowed_hostname
+        );
+    }
+    let client = client.map(|f| TlsFiles {
+        crl_file: t.client_crl_file.clone(),
+        policy: policy.clone(),
+        allowed_hostnames: t.client_cert_allowed_hostname.clone(),
+        ..f
+    });
+    let peer = peer.map(|f| TlsFiles {
+        crl_file: t.peer_crl_file.clone(),
+        policy,
+        allowed_cns: t.peer_cert_allowed_cn.clone(),
+        allowed_hostnames: t.peer_cert_allowed_hostname.clone(),
+        ..f
+    });
+    Ok((client, peer))
 }
 
 /// etcd's authentication flags.

@@ -72,7 +72,8 @@ enum InboundError {
     Tls(std::io::Error),
     /// A probe connection carried something else than probes.
     Probe(crate::outbound::DialError),
-    /// The caller's certificate does not name the address it called from.
+    /// The caller's certificate does not name the address it called from, or has none of the
+    /// allowed names.
     San(String),
 }
 
@@ -167,6 +168,7 @@ impl Acceptor {
             .map_err(|_| InboundError::Timeout)?
             .map_err(InboundError::Tls)?;
         let cert = conn.get_ref().1.peer_certificates().and_then(|c| c.first());
+        tls.check_allowed(cert).map_err(InboundError::San)?;
         if let (true, Some(cert)) = (self.check_san, cert) {
             crate::san::check(cert, addr.ip()).await.map_err(InboundError::San)?;
         }

@@ -333,6 +333,11 @@ pub(crate) async fn dial(
                 continue;
             }
         };
+        let cert = conn.get_ref().1.peer_certificates().and_then(|c| c.first());
+        if let Err(why) = tls.check_allowed(cert) {
+            last = DialError::Tls(std::io::Error::other(why));
+            continue;
+        }
         introduce(&mut conn, &h).await?;
         return Ok(Conn::Tls(Box::new(conn)));
     }

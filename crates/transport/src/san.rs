@@ -41,6 +41,31 @@ pub fn alt_names(cert: &CertificateDer<'_>) -> (Vec<IpAddr>, Vec<String>) {
     (ips, dns)
 }
 
+/// Whether `cert` is valid for `host` as Go's `VerifyHostname` decides it: an IP address must be
+/// among its IP addresses; a name must match one of its DNS names, ignoring case, where
+/// `*.example.com` stands for exactly one label (etcd's `--peer-cert-allowed-hostname` and
+/// `--client-cert-allowed-hostname` check this).
+pub fn valid_for(cert: &CertificateDer<'_>, host: &str) -> bool {
+    let (ips, dns) = alt_names(cert);
+    names_valid_for(&ips, &dns, host)
+}
+
+fn names_valid_for(ips: &[IpAddr], dns: &[String], host: &str) -> bool {
+    if let Ok(ip) = host.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() {
+        return ips.iter().any(|c| c.to_canonical() == ip.to_canonical());
+    }
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    dns.iter().any(|name| {
+        let name = name.trim_end_matches('.').to_ascii_lowercase();
+        match name.strip_prefix("*.") {
+            Some(rest) => {
+                host.split_once('.').is_some_and(|(label, tail)| !label.is_empty() && tail == rest)
+            }
+            None => name == host,
+        }
+    })
+}
+
 /// Whether a caller at `remote` may present `cert` ([etcd's rules](self)); the error is
 /// etcd's wording of the refusal.
 pub async fn check(cert: &CertificateDer<'_>, remote: IpAddr) -> Result<(), String> {
@@ -110,6 +135,24 @@ mod tests {
             }
         })
         .await
+    }
+
+    #[test]
+    fn host_names_match_as_go_matches_them() {
+        let ips = [ip("10.0.0.1")];
+        let dns = ["m1.example".to_string(), "*.peers.example".to_string()];
+        for (host, valid) in [
+            ("10.0.0.1", true),
+            ("10.0.0.2", false),
+            ("M1.Example", true),
+            ("m1.example.", true),
+            ("m2.example", false),
+            ("a.peers.example", true),
+            ("a.b.peers.example", false),
+            ("peers.example", false),
+        ] {
+            assert_eq!(names_valid_for(&ips, &dns, host), valid, "{host}");
+        }
     }
 
     #[tokio::test]

@@ -44,6 +44,12 @@ pub struct TlsFiles {
     pub crl_file: Option<PathBuf>,
     /// `--cipher-suites`, `--tls-min-version` and `--tls-max-version`.
     pub policy: TlsPolicy,
+    /// `--peer-cert-allowed-cn`: the other side's certificate must have one of these Common
+    /// Names (checked both ways, as etcd's shared TLS configuration does).
+    pub allowed_cns: Vec<String>,
+    /// `--peer-cert-allowed-hostname` / `--client-cert-allowed-hostname`: the other side's
+    /// certificate must be valid for one of these names or addresses.
+    pub allowed_hostnames: Vec<String>,
 }
 
 /// Why a set of certificate files cannot be used. The messages follow Go's and etcd's, which
@@ -209,6 +215,29 @@ impl TlsFiles {
             .map_err(|e| mismatch(self, e))
     }
 
+    /// etcd's check of the other side's certificate against the allowed Common Names or host
+    /// names (none given: any certificate the CA signed). With names given, a side that shows
+    /// no certificate fails too, as in etcd. The error is etcd's words and what was wrong.
+    pub fn check_allowed(&self, cert: Option<&CertificateDer<'_>>) -> Result<(), String> {
+        if self.allowed_cns.is_empty() && self.allowed_hostnames.is_empty() {
+            return Ok(());
+        }
+        let fail = |why: String| Err(format!("client certificate authentication failed: {why}"));
+        let Some(cert) = cert else { return fail("no certificate".into()) };
+        if !self.allowed_cns.is_empty() {
+            let cn = common_name(cert).unwrap_or_default();
+            if !self.allowed_cns.contains(&cn) {
+                return fail(format!("CommonName {cn:?} is not one of {:?}", self.allowed_cns));
+            }
+        }
+        if !self.allowed_hostnames.is_empty()
+            && !self.allowed_hostnames.iter().any(|h| crate::san::valid_for(cert, h))
+        {
+            return fail(format!("not valid for any of {:?}", self.allowed_hostnames));
+        }
+        Ok(())
+    }
+
     /// What identifies the files' current contents without reading them.
     fn stamps(&self) -> Vec<Option<(i64, i64, u64, u64)>> {
         let files = [
@@ -298,6 +327,11 @@ impl ServerTls {
         tokio_rustls::TlsAcceptor::from(self.0.current())
     }
 
+    /// [`TlsFiles::check_allowed`] for a caller that showed `cert`.
+    pub fn check_allowed(&self, cert: Option<&CertificateDer<'_>>) -> Result<(), String> {
+        self.0.files.check_allowed(cert)
+    }
+
     /// Whether clients must present a certificate.
     pub fn verifies_clients(&self) -> bool {
         self.0.files.client_cert_auth || self.0.files.trusted_ca_file.is_some()
@@ -317,6 +351,11 @@ impl ClientTls {
     /// Loads `files` (the errors are the start's).
     pub fn new(files: TlsFiles) -> Result<ClientTls, TlsError> {
         Ok(ClientTls(Reloading::new(files, Box::new(TlsFiles::client_config))?))
+    }
+
+    /// [`TlsFiles::check_allowed`] for a server that showed `cert`.
+    pub fn check_allowed(&self, cert: Option<&CertificateDer<'_>>) -> Result<(), String> {
+        self.0.files.check_allowed(cert)
     }
 
     /// The connector for the next connection.

@@ -168,10 +168,10 @@ fn unusable_tls_flags_are_refused_in_etcds_words_before_anything_is_written() {
     let _ = std::fs::remove_dir_all(certs);
 }
 
-/// etcd's version and cipher suite flags are checked at start, in etcd's words.
+/// etcd's version, cipher suite and allowed-name flags are checked at start, in etcd's words.
 #[test]
 fn tls_version_and_cipher_suite_flags_are_read_as_etcd_reads_them() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 5] = [
         (
             &["--tls-min-version", "TLS1.1"],
             r#"unexpected TLS version "TLS1.1" (must be one of: TLS1.2, TLS1.3)"#,
@@ -184,6 +184,10 @@ fn tls_version_and_cipher_suite_flags_are_read_as_etcd_reads_them() {
         (
             &["--tls-min-version=TLS1.3", "--cipher-suites=TLS_AES_128_GCM_SHA256"],
             "cipher suites cannot be configured when only TLS1.3 is enabled",
+        ),
+        (
+            &["--peer-cert-allowed-cn=a", "--peer-cert-allowed-hostname=b"],
+            r#"AllowedCNs and AllowedHostnames are mutually exclusive (cns=["a"], hostnames=["b"])"#,
         ),
     ];
     for (i, (args, want)) in cases.iter().enumerate() {

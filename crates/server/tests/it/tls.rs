@@ -125,3 +125,24 @@ async fn mutual_tls_requires_a_client_certificate_of_the_trusted_ca() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// `--client-cert-allowed-hostname`: of two certificates of the trusted CA, only the one valid
+/// for an allowed name gets served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_must_be_valid_for_an_allowed_host_name() {
+    let dir = pki::dir("server-allowed");
+    let ca = Ca::new(&dir, "ca");
+    let mut files = ca.files("server", "server", true);
+    files.allowed_hostnames = vec!["client.example".into()];
+    let (port, stop) = serve("allowed", &dir, files).await;
+    let (cert, key) = ca.issue("alice", "alice");
+    let (named_cert, named_key) = ca.issue_for("bob", "bob", &["client.example"]);
+    let trusted = ca.ca_file();
+    let other = client(port, &trusted, Some((&cert, &key))).await;
+    assert!(!round_trip(other, "a").await, "a certificate for another name");
+    let named = client(port, &trusted, Some((&named_cert, &named_key))).await;
+    assert!(round_trip(named, "a").await, "a certificate for the allowed name");
+    drop(stop);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let _ = std::fs::remove_dir_all(dir);
+}

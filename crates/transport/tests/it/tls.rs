@@ -177,6 +177,45 @@ fn a_revoked_peer_certificate_is_refused() {
     let _ = std::fs::remove_dir_all(dir);
 }
 
+/// `--peer-cert-allowed-cn`, checked both ways as etcd checks it: A allows the Common Names
+/// "a" and "c"; B (CN "b") can neither call A nor be called by it, C (CN "c") can both.
+/// `--peer-cert-allowed-hostname`: a member allowing only "localhost" refuses a certificate
+/// valid for 10.1.2.3 alone (the address check skipped, so this check is the one at work).
+#[test]
+fn allowed_common_names_and_host_names_are_checked() {
+    let dir = pki::dir("peers-allowed");
+    let ca = Ca::new(&dir, "peer");
+    let mut fa = ca.files("a", "a", true);
+    fa.allowed_cns = vec!["a".into(), "c".into()];
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, ra) = member(A, la, B, ab, &fa);
+    let (tb, rb) = member(B, lb, A, aa, &ca.files("b", "b", true));
+    tb.send([heartbeat(B, A, 1)]);
+    ta.send([heartbeat(A, B, 2)]);
+    no_message(&ra, Duration::from_millis(1500));
+    no_message(&rb, Duration::from_millis(100));
+    drop((ta, tb, ra, rb));
+    let ((la, aa), (lc, ac)) = (listener(), listener());
+    let (ta, ra) = member(A, la, B, ac, &fa);
+    let (tc, rc) = member(B, lc, A, aa, &ca.files("c", "c", true));
+    tc.send([heartbeat(B, A, 3)]);
+    assert_eq!(next_message(&ra), heartbeat(B, A, 3));
+    ta.send([heartbeat(A, B, 4)]);
+    assert_eq!(next_message(&rc), heartbeat(A, B, 4));
+    drop((ta, tc));
+    let mut fa = ca.files("a2", "a", true);
+    fa.allowed_hostnames = vec!["localhost".into()];
+    let (cert_file, key_file) = ca.issue_for("d", "d", &["10.1.2.3"]);
+    let fd = TlsFiles { cert_file, key_file, ..fa.clone() };
+    let fd = TlsFiles { allowed_hostnames: vec![], ..fd };
+    let ((la, aa), (ld, ad)) = (listener(), listener());
+    let (_ta, ra, _) = member_traffic(A, la, B, ad, &fa, true);
+    let (td, _rd) = member(B, ld, A, aa, &fd);
+    td.send([heartbeat(B, A, 5)]);
+    no_message(&ra, Duration::from_millis(1500));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
 /// `--tls-max-version` and `--cipher-suites`: a listener held to TLS 1.2 and one suite
 /// negotiates exactly that; one that requires TLS 1.3 refuses a dialer held to TLS 1.2.
 #[tokio::test]
