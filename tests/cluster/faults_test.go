@@ -75,7 +75,7 @@ func describe(faults []fault) string {
 // did, with the members it chose.
 func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 	lead := c.leader(admin)
-	follower := (lead + 1 + f.choice) % len(c.members)
+	follower := c.follower(lead, f.choice)
 	// single applies act to one member and says which.
 	single := func(target int, act func(int)) string {
 		act(target)
@@ -104,7 +104,7 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 		c.kill(follower)
 	case killAll:
 		did = string(f.kind)
-		for i := range c.members {
+		for _, i := range c.live() {
 			c.kill(i)
 		}
 	case moveLeader:
@@ -116,9 +116,27 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 	return did
 }
 
+// follower is the leader's choice-th follower among the members not removed, counting round
+// from the leader (in a cluster that never changed, member (lead+1+choice) mod 3, as the
+// schedules of the first harness chose it).
+func (c *cluster) follower(lead, choice int) int {
+	live := c.live()
+	at := -1
+	for k, i := range live {
+		if i == lead {
+			at = k
+		}
+	}
+	if at < 0 || len(live) < 2 {
+		c.t.Fatalf("the leader m%d is not among the members %v", lead, live)
+	}
+	return live[(at+1+choice%(len(live)-1))%len(live)]
+}
+
+// others is every member not removed from the cluster but i.
 func (c *cluster) others(i int) []int {
 	var out []int
-	for j := range c.members {
+	for _, j := range c.live() {
 		if j != i {
 			out = append(out, j)
 		}
