@@ -29,10 +29,18 @@ const (
 	isolateFollower faultKind = "partition a follower from the others"
 	moveLeader      faultKind = "move leadership to a follower"
 	restartLeader   faultKind = "SIGTERM the leader (it hands over), then restart it"
+	// The membership faults (memfaults_test.go). The hold is how long the removed follower
+	// runs on before it is killed, the caught-up learner stays, or the follower stays down (at
+	// least). A member that joins from an empty data directory, or comes back once the log was
+	// compacted past it, catches up by snapshot (--snapshot-count 500, and the history is long).
+	replaceFollower  faultKind = "replace a follower (remove it, wipe it, add a fresh learner, promote it)"
+	cycleLearner     faultKind = "add a learner, then remove it once caught up"
+	killPastSnapshot faultKind = "kill -9 a follower until the log is compacted past it"
 )
 
 var allFaults = []faultKind{killLeader, killFollower, killMajority, killAll, pauseLeader,
-	pauseFollower, isolateLeader, isolateFollower, moveLeader, restartLeader}
+	pauseFollower, isolateLeader, isolateFollower, moveLeader, restartLeader,
+	replaceFollower, cycleLearner, killPastSnapshot}
 
 type fault struct {
 	kind   faultKind
@@ -109,6 +117,13 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 		}
 	case moveLeader:
 		did = fmt.Sprintf("%s (m%d to m%d): %v", f.kind, lead, follower, c.move(lead, follower))
+	case replaceFollower, cycleLearner, killPastSnapshot:
+		// They hold for f.hold themselves, and heal what they leave.
+		started := time.Now()
+		did = fmt.Sprintf("%s (%s; took %v)", f.kind, c.injectMembership(admin, f, follower),
+			time.Since(started).Round(10*time.Millisecond))
+		time.Sleep(f.gap)
+		return did
 	}
 	time.Sleep(f.hold)
 	c.heal()
