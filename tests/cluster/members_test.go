@@ -1,6 +1,8 @@
 // Package cluster runs real cairn clusters (3 processes on 127.0.0.1) under faults: kill -9,
-// SIGSTOP, partitions through a TCP proxy on the peer ports, leadership moves and graceful
-// restarts, with the official etcd Go client as the workload and porcupine as the judge.
+// SIGSTOP, partitions through a TCP proxy on the peer ports, leadership moves, graceful
+// restarts and membership changes (a follower replaced, a learner added and removed, a member
+// back after the log was compacted past it, each catching up by snapshot), with the official
+// etcd Go client as the workload and porcupine as the judge.
 //
 // Environment:
 //
