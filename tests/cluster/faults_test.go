@@ -29,10 +29,18 @@ const (
 	isolateFollower faultKind = "partition a follower from the others"
 	moveLeader      faultKind = "move leadership to a follower"
 	restartLeader   faultKind = "SIGTERM the leader (it hands over), then restart it"
+	// The membership faults (memfaults_test.go). The hold is how long the removed follower
+	// runs on before it is killed, the caught-up learner stays, or the follower stays down (at
+	// least). A member that joins from an empty data directory, or comes back once the log was
+	// compacted past it, catches up by snapshot (--snapshot-count 500, and the history is long).
+	replaceFollower  faultKind = "replace a follower (remove it, wipe it, add a fresh learner, promote it)"
+	cycleLearner     faultKind = "add a learner, then remove it once caught up"
+	killPastSnapshot faultKind = "kill -9 a follower until the log is compacted past it"
 )
 
 var allFaults = []faultKind{killLeader, killFollower, killMajority, killAll, pauseLeader,
-	pauseFollower, isolateLeader, isolateFollower, moveLeader, restartLeader}
+	pauseFollower, isolateLeader, isolateFollower, moveLeader, restartLeader,
+	replaceFollower, cycleLearner, killPastSnapshot}
 
 type fault struct {
 	kind   faultKind
@@ -75,7 +83,7 @@ func describe(faults []fault) string {
 // did, with the members it chose.
 func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 	lead := c.leader(admin)
-	follower := (lead + 1 + f.choice) % len(c.members)
+	follower := c.follower(lead, f.choice)
 	// single applies act to one member and says which.
 	single := func(target int, act func(int)) string {
 		act(target)
@@ -104,11 +112,18 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 		c.kill(follower)
 	case killAll:
 		did = string(f.kind)
-		for i := range c.members {
+		for _, i := range c.live() {
 			c.kill(i)
 		}
 	case moveLeader:
 		did = fmt.Sprintf("%s (m%d to m%d): %v", f.kind, lead, follower, c.move(lead, follower))
+	case replaceFollower, cycleLearner, killPastSnapshot:
+		// They hold for f.hold themselves, and heal what they leave.
+		started := time.Now()
+		did = fmt.Sprintf("%s (%s; took %v)", f.kind, c.injectMembership(admin, f, follower),
+			time.Since(started).Round(10*time.Millisecond))
+		time.Sleep(f.gap)
+		return did
 	}
 	time.Sleep(f.hold)
 	c.heal()
@@ -116,9 +131,27 @@ func (c *cluster) inject(admin *clientv3.Client, f fault) string {
 	return did
 }
 
+// follower is the leader's choice-th follower among the members not removed, counting round
+// from the leader (in a cluster that never changed, member (lead+1+choice) mod 3, as the
+// schedules of the first harness chose it).
+func (c *cluster) follower(lead, choice int) int {
+	live := c.live()
+	at := -1
+	for k, i := range live {
+		if i == lead {
+			at = k
+		}
+	}
+	if at < 0 || len(live) < 2 {
+		c.t.Fatalf("the leader m%d is not among the members %v", lead, live)
+	}
+	return live[(at+1+choice%(len(live)-1))%len(live)]
+}
+
+// others is every member not removed from the cluster but i.
 func (c *cluster) others(i int) []int {
 	var out []int
-	for j := range c.members {
+	for _, j := range c.live() {
 		if j != i {
 			out = append(out, j)
 		}

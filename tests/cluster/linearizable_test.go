@@ -11,11 +11,12 @@ import (
 	"github.com/anishathalye/porcupine"
 )
 
-// run is one seeded fault run: a 3-member cluster under the workload while the schedule's
-// faults come and go, then healed, read back through every member, checked for convergence,
-// and its history judged. It returns porcupine's verdict and where a visualization went.
+// run is one seeded fault run: a 3-member cluster under the workload (seed seeds the workers)
+// while the faults come and go, then healed, read back through every member, checked for
+// convergence, and its history judged. It returns porcupine's verdict and where a
+// visualization went.
 func run(t *testing.T, bin []string, seed int64, faults []fault) (porcupine.CheckResult, string) {
-	t.Logf("seed %d (replay: FAULT_SEEDS=%d), schedule:%s", seed, seed, describe(faults))
+	t.Logf("seed %d, schedule:%s", seed, describe(faults))
 	c := startCluster(t, 3, bin)
 	admin := c.client(c.endpoints()...)
 	c.leader(admin)
@@ -52,6 +53,7 @@ func TestLinearizableUnderFaults(t *testing.T) {
 	steps := envInt(t, "FAULT_STEPS", 8)
 	one := func(seed int64) {
 		t.Run(fmt.Sprintf("seed=%d", seed), func(t *testing.T) {
+			t.Logf("replay: FAULT_SEEDS=%d", seed)
 			bin := bin
 			if etcdBin() == "" && seed%3 == 0 {
 				// Every third seed serves linearizable reads from the leader's lease, which

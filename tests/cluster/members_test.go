@@ -1,6 +1,8 @@
 // Package cluster runs real cairn clusters (3 processes on 127.0.0.1) under faults: kill -9,
-// SIGSTOP, partitions through a TCP proxy on the peer ports, leadership moves and graceful
-// restarts, with the official etcd Go client as the workload and porcupine as the judge.
+// SIGSTOP, partitions through a TCP proxy on the peer ports, leadership moves, graceful
+// restarts and membership changes (a follower replaced, a learner added and removed, a member
+// back after the log was compacted past it, each catching up by snapshot), with the official
+// etcd Go client as the workload and porcupine as the judge.
 //
 // Environment:
 //
@@ -30,6 +32,10 @@ import (
 
 func etcdBin() string { return os.Getenv("CLUSTER_ETCD") }
 
+// snapshotCount is every member's --snapshot-count: how many applied entries pass between two
+// compactions of the log.
+const snapshotCount = 500
+
 // freePort returns a port that is free now, from below the ephemeral range (see
 // harness.RandomFreePort): a fault run makes hundreds of connections.
 func freePort(t *testing.T) int {
@@ -50,6 +56,7 @@ type member struct {
 	exited              chan struct{} // closed when the running process has been reaped
 	expectExit          bool          // set before the test stops or kills it
 	paused              bool
+	removed             bool // by the Cluster API: heal leaves it down, checks skip it
 }
 
 type cluster struct {
@@ -60,9 +67,10 @@ type cluster struct {
 	members []*member
 	initial string
 	proxy   *proxy
-	mu      sync.Mutex // guards each member's cmd, expectExit and paused
+	mu      sync.Mutex // guards members (it grows), each member's cmd, expectExit, paused, removed
 	crashed []string   // members that exited without being asked to
 	clients []*clientv3.Client
+	seats   *seats // the workers' members, when workers run
 }
 
 // startCluster starts n members, through the proxy, and waits for a leader. extra flags go to
@@ -115,7 +123,7 @@ func (c *cluster) start(i int) {
 		"--initial-cluster-token", "fault-cluster",
 		"--heartbeat-interval", "50", "--election-timeout", "500",
 		// Compacting the log often makes a member that was down catch up by snapshot.
-		"--snapshot-count", "500")
+		"--snapshot-count", fmt.Sprint(snapshotCount))
 	args = append(args, c.extra...)
 	if etcdBin() != "" {
 		args = append(args, "--log-level", "warn")
@@ -209,12 +217,13 @@ func (c *cluster) pids() map[int]int {
 	return out
 }
 
-// heal ends every fault: resumes paused members, starts stopped ones, and lifts partitions.
+// heal ends every fault: resumes paused members, starts stopped ones (not those removed from
+// the cluster), and lifts partitions.
 func (c *cluster) heal() {
 	c.proxy.heal()
 	for i, m := range c.members {
 		c.mu.Lock()
-		down, paused := m.cmd == nil, m.paused
+		down, paused := m.cmd == nil && !m.removed, m.paused
 		c.mu.Unlock()
 		if paused {
 			c.resume(i)
@@ -299,12 +308,26 @@ func (c *cluster) close() {
 	os.RemoveAll(c.root)
 }
 
+// endpoints are the client URLs of the members not removed from the cluster.
 func (c *cluster) endpoints() []string {
 	var eps []string
-	for _, m := range c.members {
-		eps = append(eps, m.url)
+	for _, i := range c.live() {
+		eps = append(eps, c.member(i).url)
 	}
 	return eps
+}
+
+// live is the indexes of the members not removed from the cluster, in order.
+func (c *cluster) live() []int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for i, m := range c.members {
+		if !m.removed {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // client is a client of the given endpoints with the etcd client's own retries and balancing,
@@ -338,7 +361,8 @@ func (c *cluster) leader(cl *clientv3.Client) int {
 
 func (c *cluster) agreedLeader(cl *clientv3.Client) (int, bool) {
 	ids, lead := map[uint64]int{}, uint64(0)
-	for i, m := range c.members {
+	for _, i := range c.live() {
+		m := c.member(i)
 		if !c.running(i) {
 			continue
 		}
@@ -383,9 +407,14 @@ func (c *cluster) memberID(cl *clientv3.Client, i int) (uint64, error) {
 	return s.Header.MemberId, nil
 }
 
-// convergence waits (at most 20 s) until every member reports the same revision and HashKV.
+// convergence waits (at most 20 s) until every member not removed from the cluster reports
+// the same revision and HashKV.
 func (c *cluster) convergence(cl *clientv3.Client) {
-	c.convergenceOf(cl, c.members)
+	var members []*member
+	for _, i := range c.live() {
+		members = append(members, c.member(i))
+	}
+	c.convergenceOf(cl, members)
 }
 
 // convergenceOf is convergence among the given members only.

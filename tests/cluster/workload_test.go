@@ -20,19 +20,58 @@ var workloadKeys = []string{"k0", "k1", "k2", "k3", "k4"}
 // startWorkers runs workers until stop is closed; the returned function waits for them.
 func startWorkers(c *cluster, h *history, seed int64, perMember int, stop <-chan struct{}) func() {
 	var wg sync.WaitGroup
-	for w := 0; w < perMember*len(c.members); w++ {
-		cl := c.client(c.members[w%len(c.members)].url)
+	live := c.live()
+	c.seats = &seats{}
+	for w := 0; w < perMember*len(live); w++ {
+		i := live[w%len(live)]
+		c.seats.member = append(c.seats.member, i)
+		c.seats.clients = append(c.seats.clients, c.client(c.member(i).url))
 		rng := rand.New(rand.NewSource(seed*1000 + int64(w)))
 		wg.Add(1)
 		go func(w int) {
 			defer wg.Done()
-			worker(h, cl, w, rng, stop)
+			worker(h, func() *clientv3.Client { return c.seats.client(w) }, w, rng, stop)
 		}(w)
 	}
 	return wg.Wait
 }
 
-func worker(h *history, cl *clientv3.Client, w int, rng *rand.Rand, stop <-chan struct{}) {
+// seats pins each worker to one member. A member replaced through the Cluster API hands its
+// workers to its replacement once that is a voter: until then they keep calling the removed
+// member, whose refusals are failed reads (not recorded) and writes of unknown outcome.
+type seats struct {
+	mu      sync.Mutex
+	member  []int // per worker, the member it calls
+	clients []*clientv3.Client
+}
+
+func (s *seats) client(w int) *clientv3.Client {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.clients[w]
+}
+
+// reseat moves the workers of member from to member to, each with a new client of it alone.
+func (c *cluster) reseat(from, to int) {
+	if c.seats == nil {
+		return
+	}
+	url := c.member(to).url
+	for w := range c.seats.member {
+		c.seats.mu.Lock()
+		moves := c.seats.member[w] == from
+		c.seats.mu.Unlock()
+		if !moves {
+			continue
+		}
+		cl := c.client(url)
+		c.seats.mu.Lock()
+		c.seats.member[w], c.seats.clients[w] = to, cl
+		c.seats.mu.Unlock()
+	}
+}
+
+func worker(h *history, seat func() *clientv3.Client, w int, rng *rand.Rand, stop <-chan struct{}) {
 	client := h.newClient()
 	last := map[string]string{} // the last value this worker saw per key, to compare against
 	for seq := 0; ; seq++ {
@@ -51,7 +90,7 @@ func worker(h *history, cl *clientv3.Client, w int, rng *rand.Rand, stop <-chan 
 			in.kind, in.value, in.expect = opCAS, fmt.Sprintf("w%d.%d", w, seq), last[in.key]
 		}
 		call := h.now()
-		out, err := do(cl, in)
+		out, err := do(seat(), in)
 		switch {
 		case err == nil:
 			h.add(client, in, call, out)
@@ -98,12 +137,12 @@ func do(cl *clientv3.Client, in kvInput) (kvOutput, error) {
 	}
 }
 
-// finalReads reads every key through every member once the cluster has healed, so that the
-// history ends with what each member serves. Each read is retried for at most 10 s.
+// finalReads reads every key through every member (not removed) once the cluster has healed,
+// so that the history ends with what each member serves. Each read is retried for at most 10 s.
 func finalReads(c *cluster, h *history) error {
 	client := h.newClient()
-	for i, m := range c.members {
-		cl := c.client(m.url)
+	for _, i := range c.live() {
+		cl := c.client(c.member(i).url)
 		for _, k := range workloadKeys {
 			in := kvInput{kind: opGet, key: k}
 			deadline := time.Now().Add(10 * time.Second)
