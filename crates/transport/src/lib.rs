@@ -26,6 +26,7 @@
 //! engine is embedded in a program with or without a runtime.
 
 pub mod codec;
+mod frame_io;
 pub mod histogram;
 pub mod images;
 mod inbound;

@@ -8,9 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BytesMut;
 use cairn_raft::{Message, MessageBody, NodeId};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
@@ -362,13 +361,11 @@ pub(crate) async fn read_reply<S: AsyncRead + Unpin>(
     limit: Duration,
 ) -> Result<Result<(), String>, DialError> {
     let read = async {
-        let mut header = [0u8; codec::FRAME_HEADER_LEN];
-        conn.read_exact(&mut header).await?;
         // A reply is a short reason at most.
-        let (len, crc) = codec::parse_frame_header(&header, 4096)?;
-        let mut payload = BytesMut::zeroed(len as usize);
-        conn.read_exact(&mut payload).await?;
-        Ok::<_, DialError>(codec::decode_reply(payload.freeze(), crc)?)
+        let frame = crate::frame_io::read_payload::<_, DialError>(conn, 4096).await?;
+        let (payload, crc) =
+            frame.ok_or(std::io::Error::from(std::io::ErrorKind::UnexpectedEof))?;
+        Ok::<_, DialError>(codec::decode_reply(payload, crc)?)
     };
     timeout(limit, read).await.map_err(|_| DialError::Timeout)?
 }

@@ -14,9 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
 use cairn_raft::NodeId;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::time::{timeout, MissedTickBehavior};
 
 use crate::codec::{self, StreamKind};
@@ -96,16 +95,10 @@ async fn probe<S: AsyncRead + AsyncWrite + Unpin>(
 pub(crate) async fn read_probe<S: AsyncRead + Unpin>(
     conn: &mut S,
 ) -> Result<Option<u64>, DialError> {
-    let mut header = [0u8; codec::FRAME_HEADER_LEN];
-    match conn.read_exact(&mut header).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
+    match crate::frame_io::read_payload::<_, DialError>(conn, MAX_PROBE_LEN).await? {
+        Some((payload, crc)) => Ok(Some(codec::decode_probe(payload, crc)?)),
+        None => Ok(None),
     }
-    let (len, crc) = codec::parse_frame_header(&header, MAX_PROBE_LEN)?;
-    let mut payload = BytesMut::zeroed(len as usize);
-    conn.read_exact(&mut payload).await?;
-    Ok(Some(codec::decode_probe(payload.freeze(), crc)?))
 }
 
 /// Answers each probe on an accepted probe connection with the same frame, at once, until the

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use cairn_raft::{Message, MessageBody, NodeId};
 
 use crate::codec::{self, DecodeError, SnapFrame};
@@ -53,6 +53,12 @@ impl std::fmt::Display for ReceiveError {
 impl From<std::io::Error> for ReceiveError {
     fn from(e: std::io::Error) -> ReceiveError {
         ReceiveError::Io(e)
+    }
+}
+
+impl From<DecodeError> for ReceiveError {
+    fn from(e: DecodeError) -> ReceiveError {
+        ReceiveError::Decode(e)
     }
 }
 
@@ -240,19 +246,11 @@ async fn blocking<T: Send + 'static>(
 pub(crate) async fn read_frame<S: tokio::io::AsyncRead + Unpin>(
     conn: &mut S,
 ) -> Result<Option<SnapFrame>, ReceiveError> {
-    use tokio::io::AsyncReadExt;
     let read = async {
-        let mut header = [0u8; codec::FRAME_HEADER_LEN];
-        match conn.read_exact(&mut header).await {
-            Ok(_) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-            Err(e) => return Err(e.into()),
-        }
-        let (len, crc) =
-            codec::parse_frame_header(&header, MAX_STREAM_FRAME).map_err(ReceiveError::Decode)?;
-        let mut payload = BytesMut::zeroed(len as usize);
-        conn.read_exact(&mut payload).await?;
-        codec::decode_snap_frame(payload.freeze(), crc).map(Some).map_err(ReceiveError::Decode)
+        let frame =
+            crate::frame_io::read_payload::<_, ReceiveError>(conn, MAX_STREAM_FRAME).await?;
+        let Some((payload, crc)) = frame else { return Ok(None) };
+        codec::decode_snap_frame(payload, crc).map(Some).map_err(ReceiveError::Decode)
     };
     tokio::time::timeout(CHUNK_TIMEOUT, read)
         .await
