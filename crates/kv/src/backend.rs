@@ -326,13 +326,18 @@ pub trait Backend: Send + Sync {
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Replaces the whole history with `batch.puts`, every member's attributes with
-    /// `batch.members` and every lease with `batch.leases`, and sets `batch.alarms` and
-    /// `batch.meta` (those that are given), atomically: a reader or a crash sees
     /// `batch.members`, every lease with `batch.leases` and the auth store with `batch.auth`
-    /// (none: no store), and sets `batch.meta` (if given), atomically: a reader or a crash sees
-    /// the old contents or the new, never a mix. `batch.deletes` has nothing left to delete and
-    /// is ignored. Installing a snapshot image uses it.
+    /// (none: no store), and sets `batch.alarms` and `batch.meta` (those that are given),
+    /// atomically: a reader or a crash sees the old contents or the new, never a mix.
+    /// `batch.deletes` has nothing left to delete and is ignored.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
+    /// Begins a replacement of the whole contents that is written piece by piece, aside from the
+    /// current contents (which go on serving reads and commits), and swapped in at the end as
+    /// [`Backend::replace`] would: installing a snapshot image uses it, so that a large image is
+    /// never held whole. By default the pieces are gathered in memory and given to `replace`.
+    fn begin_replace(&self) -> Result<Box<dyn Replacement + '_>, BackendError> {
+        Ok(Box::new(Gathered { backend: self, batch: WriteBatch::default() }))
+    }
     /// Makes every commit so far durable. The WAL may be compacted only up to what this covers.
     fn sync(&self) -> Result<(), BackendError>;
     /// Approximate bytes used on disk.
@@ -348,6 +353,43 @@ pub trait Backend: Send + Sync {
     /// freed pages, so by default there is nothing to do.
     fn defragment(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+}
+
+/// A replacement of a backend's whole contents, from [`Backend::begin_replace`]. Dropped before
+/// [`Replacement::swap`], it changes nothing.
+pub trait Replacement {
+    /// Adds a history record (its [`Record::encode`]); records come in increasing revision order.
+    fn put(&mut self, rev: RevisionId, record: &[u8]) -> Result<(), BackendError>;
+    /// Writes the rest, as [`Backend::replace`] takes it (`rest.puts` are added to the records),
+    /// and makes the replacement durable where the backend writes aside; not yet visible.
+    fn prepare(&mut self, rest: WriteBatch) -> Result<(), BackendError>;
+    /// Makes the prepared replacement the backend's contents, atomically: a reader or a crash
+    /// sees the old contents or the new. The caller syncs the backend afterwards.
+    fn swap(self: Box<Self>) -> Result<(), BackendError>;
+}
+
+/// [`Backend::begin_replace`]'s default: everything in one batch for [`Backend::replace`].
+struct Gathered<'a, B: ?Sized> {
+    backend: &'a B,
+    batch: WriteBatch,
+}
+
+impl<B: Backend + ?Sized> Replacement for Gathered<'_, B> {
+    fn put(&mut self, rev: RevisionId, record: &[u8]) -> Result<(), BackendError> {
+        self.batch.puts.push((rev, record.to_vec()));
+        Ok(())
+    }
+
+    fn prepare(&mut self, mut rest: WriteBatch) -> Result<(), BackendError> {
+        let mut puts = std::mem::take(&mut self.batch.puts);
+        puts.append(&mut rest.puts);
+        self.batch = WriteBatch { puts, ..rest };
+        Ok(())
+    }
+
+    fn swap(self: Box<Self>) -> Result<(), BackendError> {
+        self.backend.replace(self.batch)
     }
 }
 

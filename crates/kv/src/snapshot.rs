@@ -50,8 +50,12 @@ use std::fmt;
 use bytes::{BufMut, Bytes};
 
 use crate::auth::AuthState;
-use crate::backend::{decode_alarms, encode_alarms, BackendError, Record};
+use crate::backend::{encode_alarms, BackendError, Record};
 use crate::types::{AlarmMember, Lease, LeaseId, MemberAttributes, Revision, RevisionId};
+
+mod read;
+
+use read::{parse, Cursor, Input};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
 const VERSION: u32 = 5;
@@ -148,19 +152,28 @@ impl fmt::Display for ImageError {
 
 impl std::error::Error for ImageError {}
 
-/// Why [`crate::Store::install`] failed. On `Corrupt` nothing changed; on `Backend` the node must
-/// stop, as after any backend failure.
+/// Why [`crate::Store::install`] failed. On `Corrupt` and `Unreadable` nothing changed; on
+/// `Backend` the node must stop, as after any backend failure.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InstallError {
     Corrupt(ImageError),
+    /// Reading a streamed image failed (the reader's error).
+    Unreadable(String),
     Backend(BackendError),
+}
+
+impl From<ImageError> for InstallError {
+    fn from(e: ImageError) -> InstallError {
+        InstallError::Corrupt(e)
+    }
 }
 
 impl fmt::Display for InstallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             InstallError::Corrupt(e) => write!(f, "install: {e}"),
+            InstallError::Unreadable(e) => write!(f, "install: cannot read the image: {e}"),
             InstallError::Backend(e) => write!(f, "install: {e}"),
         }
     }
@@ -351,6 +364,11 @@ impl Image {
         self.alarms.as_ref()
     }
 
+    /// Takes the records out, leaving none.
+    pub fn take_records(&mut self) -> Vec<(RevisionId, Record)> {
+        std::mem::take(&mut self.records)
+    }
+
     /// The records, the members' attributes and the leases.
     pub fn into_parts(self) -> ImageParts {
         (self.records, self.members, self.leases)
@@ -376,13 +394,7 @@ pub fn decode_meta(image: &[u8]) -> Result<ImageMeta, ImageError> {
 /// [`decode`] verifies the image.
 pub fn peek_applied_index(prefix: &[u8]) -> Result<u64, ImageError> {
     let mut head = Cursor(prefix);
-    if head.array::<8>()? != MAGIC {
-        return Err(ImageError::WrongMagic);
-    }
-    let version = head.u32()?;
-    if ![VERSION, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
-        return Err(ImageError::UnknownVersion(version));
-    }
+    read::version(&mut head)?;
     head.u64()
 }
 
@@ -416,218 +428,45 @@ pub fn summarize(image: &[u8]) -> Result<ImageSummary, ImageError> {
     Ok(ImageSummary { meta, records, live_keys: live.len() as u64, checksum })
 }
 
-/// Reads big-endian integers off the front of a slice, failing instead of panicking.
-struct Cursor<'a>(&'a [u8]);
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], ImageError> {
-        if self.0.len() < n {
-            return Err(ImageError::Truncated);
-        }
-        let (head, rest) = self.0.split_at(n);
-        self.0 = rest;
-        Ok(head)
-    }
-
-    fn array<const N: usize>(&mut self) -> Result<[u8; N], ImageError> {
-        let mut out = [0u8; N];
-        out.copy_from_slice(self.take(N)?);
-        Ok(out)
-    }
-
-    fn u32(&mut self) -> Result<u32, ImageError> {
-        self.array().map(u32::from_be_bytes)
-    }
-
-    fn u64(&mut self) -> Result<u64, ImageError> {
-        self.array().map(u64::from_be_bytes)
-    }
-
-    fn i64(&mut self) -> Result<i64, ImageError> {
-        self.array().map(i64::from_be_bytes)
-    }
+/// Where a streamed image comes from ([`read_stream`]): a file, in a node (this crate does no IO
+/// of its own); a slice, in tests.
+pub trait ImageReader {
+    /// Fills `buf` whole, or fails with the reader's reason.
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), String>;
 }
 
-/// An image's header, members' attributes, leases, auth store and alarms.
-type Parsed = (
-    ImageMeta,
-    BTreeMap<u64, MemberAttributes>,
-    BTreeMap<LeaseId, Lease>,
-    AuthState,
-    Option<BTreeSet<AlarmMember>>,
-);
-
-/// Verifies `image` and hands each record to `visit`, in order; returns the header, the
-/// members' attributes and the leases.
-fn parse(image: &[u8], visit: &mut dyn FnMut(RevisionId, Record)) -> Result<Parsed, ImageError> {
-    let mut head = Cursor(image);
-    if head.array::<8>()? != MAGIC {
-        return Err(ImageError::WrongMagic);
-    }
-    let version = head.u32()?;
-    if ![VERSION, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
-        return Err(ImageError::UnknownVersion(version));
-    }
-    let Some(body_len) = image.len().checked_sub(CHECKSUM_LEN).filter(|n| *n >= HEADER_LEN) else {
-        return Err(ImageError::Truncated);
-    };
-    let (body, stored) = image.split_at(body_len);
-    let stored = Cursor(stored).u32()?;
-    let computed = crc32c::crc32c(body);
-    if stored != computed {
-        return Err(ImageError::ChecksumMismatch { stored, computed });
-    }
-    let mut cur = Cursor(body);
-    cur.take(MAGIC.len() + 4)?;
-    let meta = ImageMeta {
-        applied_index: cur.u64()?,
-        current: Revision(cur.i64()?),
-        compacted: Revision(cur.i64()?),
-    };
-    check_header(&meta)?;
-    let count = cur.u64()?;
-    let mut retained = Retained::new(meta);
-    for position in 0..count {
-        let rev = RevisionId { main: Revision(cur.i64()?), sub: cur.u32()? };
-        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
-        let record = Record::decode(cur.take(len)?).map_err(|e| ImageError::BadRecord {
-            position,
-            reason: match e {
-                BackendError::Corrupt(why) => why,
-                _ => "undecodable",
-            },
-        })?;
-        if record.key.is_empty() {
-            return Err(ImageError::BadRecord { position, reason: "empty key" });
+impl ImageReader for &[u8] {
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), String> {
+        if self.len() < buf.len() {
+            return Err("the image ends early".into());
         }
-        retained.check(rev, &record)?;
-        visit(rev, record);
-    }
-    let members = parse_members(&mut cur)?;
-    let leases =
-        if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(&mut cur)? };
-    let (auth, alarms) = parse_auth_and_alarms(version, &mut cur)?;
-    if !cur.0.is_empty() {
-        return Err(ImageError::TrailingBytes);
-    }
-    Ok((meta, members, leases, auth, alarms))
-}
-
-/// The auth and alarm sections, as `version` has them: a new auth store before version 4, no
-/// word of alarms before version 5.
-fn parse_auth_and_alarms(
-    version: u32,
-    cur: &mut Cursor<'_>,
-) -> Result<(AuthState, Option<BTreeSet<AlarmMember>>), ImageError> {
-    let auth = if version >= VERSION_NO_ALARMS {
-        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
-        AuthState::decode(cur.take(len)?).map_err(|e| {
-            ImageError::BadAuth(match e {
-                BackendError::Corrupt(why) => why,
-                _ => "undecodable",
-            })
-        })?
-    } else {
-        AuthState::default()
-    };
-    let alarms = if version == VERSION {
-        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
-        Some(decode_alarms(cur.take(len)?).map_err(|e| {
-            ImageError::BadAlarms(match e {
-                BackendError::Corrupt(why) => why,
-                _ => "undecodable",
-            })
-        })?)
-    } else {
-        None
-    };
-    Ok((auth, alarms))
-}
-
-/// The lease section: a count, then each lease, in increasing id order.
-fn parse_leases(cur: &mut Cursor<'_>) -> Result<BTreeMap<LeaseId, Lease>, ImageError> {
-    let count = cur.u64()?;
-    let mut leases = BTreeMap::new();
-    let mut last = None;
-    for position in 0..count {
-        let lease = Lease { id: LeaseId(cur.i64()?), ttl: cur.i64()?, remaining_ttl: cur.i64()? };
-        let bad = |reason| ImageError::BadLease { position, reason };
-        if lease.id.0 == 0 || lease.ttl <= 0 || lease.remaining_ttl < 0 {
-            return Err(bad("a lease id, TTL or remaining TTL out of range"));
-        }
-        if last.is_some_and(|l| lease.id <= l) {
-            return Err(bad("lease ids out of order"));
-        }
-        last = Some(lease.id);
-        leases.insert(lease.id, lease);
-    }
-    Ok(leases)
-}
-
-/// The member section: a count, then each member's id and attributes, in increasing id order.
-fn parse_members(cur: &mut Cursor<'_>) -> Result<BTreeMap<u64, MemberAttributes>, ImageError> {
-    let count = cur.u64()?;
-    let mut members = BTreeMap::new();
-    let mut last = None;
-    for position in 0..count {
-        let id = cur.u64()?;
-        let len = usize::try_from(cur.u64()?).map_err(|_| ImageError::Truncated)?;
-        let attributes =
-            MemberAttributes::decode(cur.take(len)?).map_err(|e| ImageError::BadMember {
-                position,
-                reason: match e {
-                    BackendError::Corrupt(why) => why,
-                    _ => "undecodable",
-                },
-            })?;
-        if last.is_some_and(|l| id <= l) {
-            return Err(ImageError::BadMember { position, reason: "member ids out of order" });
-        }
-        last = Some(id);
-        members.insert(id, attributes);
-    }
-    Ok(members)
-}
-
-fn check_header(meta: &ImageMeta) -> Result<(), ImageError> {
-    if meta.current < Revision::INITIAL {
-        return Err(ImageError::BadHeader("current revision below the initial one"));
-    }
-    if meta.compacted < Revision::NEVER_COMPACTED || meta.compacted > meta.current {
-        return Err(ImageError::BadHeader("compacted revision outside -1..=current"));
-    }
-    Ok(())
-}
-
-/// Checks that records come in order, within the image's revisions, and that compaction at the
-/// image's compacted revision keeps each (as [`crate::index::Index::compact`] decides).
-struct Retained {
-    meta: ImageMeta,
-    last: Option<RevisionId>,
-    /// Keys with a record at or below the compaction point: a second one supersedes the first.
-    compacted_keys: HashSet<Bytes>,
-}
-
-impl Retained {
-    fn new(meta: ImageMeta) -> Retained {
-        Retained { meta, last: None, compacted_keys: HashSet::new() }
-    }
-
-    fn check(&mut self, rev: RevisionId, record: &Record) -> Result<(), ImageError> {
-        if self.last.is_some_and(|l| rev <= l) {
-            return Err(ImageError::OutOfOrder(rev));
-        }
-        self.last = Some(rev);
-        if rev.main.0 < 1 || rev.main > self.meta.current {
-            return Err(ImageError::RevisionOutOfRange(rev));
-        }
-        let at = self.meta.compacted;
-        if rev.main <= at {
-            let deleted_before = record.tombstone && rev.main < at;
-            if deleted_before || !self.compacted_keys.insert(record.key.clone()) {
-                return Err(ImageError::NotRetained(rev));
-            }
-        }
+        let (head, rest) = self.split_at(buf.len());
+        buf.copy_from_slice(head);
+        *self = rest;
         Ok(())
     }
+}
+
+/// What [`read_stream`] hands each record to: its revision, the record, and its encoding.
+pub type VisitRecord<'a, E> = dyn FnMut(RevisionId, Record, &[u8]) -> Result<(), E> + 'a;
+
+/// Checks an image's magic, version and checksum only: a damaged image is refused for its
+/// checksum, as [`decode`] refuses it, before anything reads its records.
+pub fn check_checksum(image: &[u8]) -> Result<(), ImageError> {
+    read::checked_body(image).map(|_| ())
+}
+
+/// Reads an image of `len` bytes from `r` piece by piece, so that it is never held whole: each
+/// record goes to `visit` as it is read, decoded and as the bytes of its `Record::encode`; the
+/// rest comes back as an [`Image`] without records. Every check of [`decode`] applies, but the
+/// checksum can only be compared at the end: `visit` sees the records of an image that may yet
+/// be refused, so what it does with them must be undone on an error. A failing `visit` stops the
+/// read with its error.
+pub fn read_stream(
+    r: impl ImageReader,
+    len: u64,
+    visit: &mut VisitRecord<'_, InstallError>,
+) -> Result<Image, InstallError> {
+    let (meta, members, leases, auth, alarms) = read::stream(r, len, visit)?;
+    Ok(Image { meta, records: Vec::new(), members, leases, auth, alarms })
 }

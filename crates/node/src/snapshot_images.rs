@@ -8,7 +8,7 @@
 //! its read view closes, when the transport lets go of the image.
 //!
 //! It is also the replica's way to the files received images arrive in (the replica does no IO
-//! of its own but through such seams): their header, their bytes for the install, and their
+//! of its own but through such seams): their header, a reader for the install, and their
 //! removal once installed or refused.
 
 use std::io::Read;
@@ -60,10 +60,16 @@ impl ImageMaker {
         Some(read())
     }
 
-    /// The whole image of the file a received message's data names; `None` when it names none.
-    pub(crate) fn read_received(&self, data: &[u8]) -> Option<std::io::Result<Bytes>> {
+    /// The file a received message's data names, open for reading, and its length; `None` when
+    /// the data names no file. The install reads it piece by piece.
+    pub(crate) fn open_received(&self, data: &[u8]) -> Option<std::io::Result<(FileImage, u64)>> {
         let path = received_image(data)?;
-        Some(std::fs::read(path).map(Bytes::from))
+        let open = || {
+            let file = std::fs::File::open(&path)?;
+            let len = file.metadata()?.len();
+            Ok((FileImage(std::io::BufReader::with_capacity(1 << 20, file)), len))
+        };
+        Some(open())
     }
 
     /// Removes the file a received message's data names, if it names one.
@@ -72,6 +78,15 @@ impl ImageMaker {
         if let Err(e) = std::fs::remove_file(&path) {
             tracing::warn!(path = %path.display(), "cannot remove a received snapshot: {e}");
         }
+    }
+}
+
+/// A received image's file, read for the install.
+pub(crate) struct FileImage(std::io::BufReader<std::fs::File>);
+
+impl cairn_kv::snapshot::ImageReader for FileImage {
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), String> {
+        self.0.read_exact(buf).map_err(|e| e.to_string())
     }
 }
 

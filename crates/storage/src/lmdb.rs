@@ -12,12 +12,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 mod defrag;
+mod install;
 
 pub use defrag::DefragStep;
 
 use cairn_kv::backend::{
     decode_alarms, decode_lease, parse_revision_key, revision_key, Backend, BackendError,
-    BackendView, Meta, Record, WriteBatch,
+    BackendView, Meta, Record, Replacement, WriteBatch,
 };
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -104,7 +105,7 @@ pub struct LmdbBackend {
     cur: RwLock<Arc<Handles>>,
     /// Held by every commit from start to end. While a defragmentation runs it holds the
     /// batches committed since its copy began, which it then writes to the copy.
-    journal: Mutex<Option<Vec<Journaled>>>,
+    journal: Mutex<Option<Vec<WriteBatch>>>,
     /// One defragmentation at a time.
     defragmenting: Mutex<()>,
     map_size: usize,
@@ -125,13 +126,6 @@ struct Handles {
     members: Database<Raw, Raw>,
     /// Lease id (big-endian i64) to its encoded TTLs.
     leases: Database<Raw, Raw>,
-}
-
-/// A write a defragmentation must repeat on its copy.
-#[derive(Debug)]
-enum Journaled {
-    Commit(WriteBatch),
-    Replace(WriteBatch),
 }
 
 impl Handles {
@@ -191,18 +185,6 @@ impl Handles {
         self.write_rest(wtxn, batch)
     }
 
-    fn write_replace(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
-        self.history.clear(wtxn).map_err(err("clear"))?;
-        for (rev, rec) in &batch.puts {
-            self.history.put(wtxn, &revision_key(*rev), rec).map_err(err("put"))?;
-        }
-        self.members.clear(wtxn).map_err(err("clear members"))?;
-        self.leases.clear(wtxn).map_err(err("clear leases"))?;
-        // A replace without an auth store leaves none.
-        self.meta.delete(wtxn, AUTH_KEY).map_err(err("clear auth"))?;
-        self.write_rest(wtxn, batch)
-    }
-
     /// Members, leases, alarms, the auth store and meta: written the same way by a commit and a replace.
     fn write_rest(&self, wtxn: &mut RwTxn<'_>, batch: &WriteBatch) -> Result<(), BackendError> {
         for (id, attributes) in &batch.members {
@@ -252,7 +234,7 @@ impl LmdbBackend {
         self.cur.read().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
-    fn journal(&self) -> MutexGuard<'_, Option<Vec<Journaled>>> {
+    fn journal(&self) -> MutexGuard<'_, Option<Vec<WriteBatch>>> {
         self.journal.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -338,24 +320,25 @@ impl Backend for LmdbBackend {
         wtxn.commit().map_err(self.write_err("commit"))?;
         self.note_size(&h);
         if let Some(j) = journal.as_mut() {
-            j.push(Journaled::Commit(batch));
+            j.push(batch);
         }
         Ok(())
     }
 
     /// One write transaction: a reader or a crash sees the old history or the new. Dropping the
     /// transaction on an error aborts it, leaving the old contents.
-    fn replace(&self, batch: WriteBatch) -> Result<(), BackendError> {
-        let mut journal = self.journal();
-        let h = self.handles();
-        let mut wtxn = h.env.write_txn().map_err(err("begin write"))?;
-        h.write_replace(&mut wtxn, &batch).map_err(|e| self.write_failed(e))?;
-        wtxn.commit().map_err(self.write_err("commit"))?;
-        self.note_size(&h);
-        if let Some(j) = journal.as_mut() {
-            j.push(Journaled::Replace(batch));
+    /// Through [`Backend::begin_replace`]: written aside, then exchanged (see `install`).
+    fn replace(&self, mut batch: WriteBatch) -> Result<(), BackendError> {
+        let mut replacement = self.begin_replace()?;
+        for (rev, rec) in std::mem::take(&mut batch.puts) {
+            replacement.put(rev, &rec)?;
         }
-        Ok(())
+        replacement.prepare(batch)?;
+        replacement.swap()
+    }
+
+    fn begin_replace(&self) -> Result<Box<dyn Replacement + '_>, BackendError> {
+        Ok(Box::new(install::Install::begin(self)?))
     }
 
     fn defragment(&self) -> Result<(), BackendError> {

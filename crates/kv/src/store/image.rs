@@ -13,7 +13,9 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use super::{Inner, Store};
-use crate::backend::{encode_lease, Backend, BackendError, BackendView, Meta, Record, WriteBatch};
+use crate::backend::{
+    encode_lease, Backend, BackendError, BackendView, Meta, Record, Replacement, WriteBatch,
+};
 use crate::hash::{self, Hasher, KvHash};
 use crate::image_stream::{ImageStream, StreamParts};
 use crate::index::{Index, IndexEntry};
@@ -110,14 +112,52 @@ impl<B: Backend> Store<B> {
     }
 
     /// Replaces the whole state with `image`, durably, and returns its header. The image is
-    /// verified whole first: if it is refused, nothing changes. Executions not yet committed are
-    /// discarded (the image replaces what they built on), and so is any compaction in progress.
+    /// verified whole before it replaces anything: if it is refused, nothing changes. Executions
+    /// not yet committed are discarded (the image replaces what they built on), and so is any
+    /// compaction in progress.
     pub fn install(&self, image: &[u8]) -> Result<ImageMeta, InstallError> {
-        self.install_image(snapshot::decode(image).map_err(InstallError::Corrupt)?)
+        snapshot::check_checksum(image)?;
+        self.install_from(image, image.len() as u64)
+    }
+
+    /// [`Store::install`] of an image of `len` bytes read from `r`, piece by piece: the image is
+    /// never held whole (a follower installs a snapshot from the file it was received into). Its
+    /// records go to the backend's replacement as they are read, aside from the state readers
+    /// see, which the replacement takes the place of only once the whole image is verified.
+    pub fn install_from(
+        &self,
+        r: impl snapshot::ImageReader,
+        len: u64,
+    ) -> Result<ImageMeta, InstallError> {
+        let mut replacement = self.backend.begin_replace().map_err(InstallError::Backend)?;
+        let mut index = Index::default();
+        let image = snapshot::read_stream(r, len, &mut |rev, record, raw| {
+            replacement.put(rev, raw).map_err(InstallError::Backend)?;
+            index.push(record.key.clone(), IndexEntry::of(rev, &record));
+            Ok(())
+        })?;
+        self.swap_in(replacement, index, image)
     }
 
     /// [`Store::install`] of an image already decoded (and so verified).
-    pub fn install_image(&self, image: snapshot::Image) -> Result<ImageMeta, InstallError> {
+    pub fn install_image(&self, mut image: snapshot::Image) -> Result<ImageMeta, InstallError> {
+        let mut replacement = self.backend.begin_replace().map_err(InstallError::Backend)?;
+        let mut index = Index::default();
+        for (rev, record) in image.take_records() {
+            replacement.put(rev, &record.encode()).map_err(InstallError::Backend)?;
+            index.push(record.key.clone(), IndexEntry::of(rev, &record));
+        }
+        self.swap_in(replacement, index, image)
+    }
+
+    /// Completes an install: the image's other sections go to the replacement, which is then
+    /// swapped in together with the index built from its records.
+    fn swap_in(
+        &self,
+        mut replacement: Box<dyn Replacement + '_>,
+        index: Index,
+        image: snapshot::Image,
+    ) -> Result<ImageMeta, InstallError> {
         let header = image.meta();
         let meta = Meta {
             applied_index: header.applied_index,
@@ -126,26 +166,25 @@ impl<B: Backend> Store<B> {
             // The image holds only what compaction keeps.
             compacted_physically: header.compacted,
         };
-        let mut index = Index::default();
-        let mut batch = WriteBatch { meta: Some(meta), ..WriteBatch::default() };
         let auth = image.auth().clone();
-        batch.auth = Some(auth.encode());
         // An image made before images carried alarms says nothing of them: keep this member's.
-        let alarms = image.alarms().cloned();
-        batch.alarms = alarms.as_ref().map(crate::backend::encode_alarms);
-        let (records, members, leases) = image.into_parts();
-        for (rev, record) in records {
-            batch.puts.push((rev, record.encode()));
-            index.push(record.key.clone(), IndexEntry::of(rev, &record));
-        }
-        batch.members = members.iter().map(|(id, a)| (*id, a.encode())).collect();
-        batch.leases = leases.values().map(|l| (l.id, Some(encode_lease(l)))).collect();
+        // (Installs run on the apply path, as every change of alarms does: none changes now.)
+        let alarms = image.alarms().cloned().unwrap_or_else(|| self.read().alarms.clone());
+        let (_, members, leases) = image.into_parts();
+        let rest = WriteBatch {
+            meta: Some(meta),
+            auth: Some(auth.encode()),
+            alarms: Some(crate::backend::encode_alarms(&alarms)),
+            members: members.iter().map(|(id, a)| (*id, a.encode())).collect(),
+            leases: leases.values().map(|l| (l.id, Some(encode_lease(l)))).collect(),
+            ..WriteBatch::default()
+        };
+        replacement.prepare(rest).map_err(InstallError::Backend)?;
         let _writer = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
-            self.backend.replace(batch).map_err(InstallError::Backend)?;
-            let alarms = alarms.unwrap_or_else(|| std::mem::take(&mut inner.alarms));
+            replacement.swap().map_err(InstallError::Backend)?;
             let enabled = auth.enabled;
             let epoch = inner.epoch + 1;
             let mut installed = Inner::new(index, members, leases, alarms, auth, meta, epoch);

@@ -562,3 +562,54 @@ fn the_empty_image_empties_a_store() {
     assert_eq!(store.key_count(), 0);
     assert_eq!(store.image().unwrap(), snapshot::empty_image(40));
 }
+
+/// A reader that fails after `left` bytes, as a file on a failing disk.
+struct FailingAfter<'a> {
+    bytes: &'a [u8],
+    left: usize,
+}
+
+impl snapshot::ImageReader for FailingAfter<'_> {
+    fn read_exact(&mut self, buf: &mut [u8]) -> Result<(), String> {
+        if self.left < buf.len() {
+            return Err("injected read failure".into());
+        }
+        self.left -= buf.len();
+        self.bytes.read_exact(buf)
+    }
+}
+
+/// The streamed install (a follower's, from the file a snapshot was received into) sees the
+/// records before the checksum: every damaged or malformed image, a flipped byte anywhere, and a
+/// reader that fails part way must all be refused and change nothing, whichever check fires.
+#[test]
+fn a_streamed_install_refuses_what_install_refuses_and_changes_nothing() {
+    let (_, image) = source();
+    let flipped = (0..image.len()).map(|at| {
+        let mut bad = image.to_vec();
+        bad[at] ^= 0x40;
+        bad
+    });
+    let cases = damaged_images().into_iter().chain(malformed_images()).map(|(i, _)| i);
+    for bad in cases.chain(flipped) {
+        let (target, _) = source();
+        target.execute(&[(6, Some(&put("d", "5")))]).unwrap();
+        let before = (target.image().unwrap(), target.hash_kv(Revision(0)), marks(&target));
+        let got = target.install_from(&bad[..], bad.len() as u64);
+        assert!(matches!(got, Err(InstallError::Corrupt(_))), "{got:?}");
+        assert_eq!((target.image().unwrap(), target.hash_kv(Revision(0)), marks(&target)), before);
+    }
+    for left in [0, 10, image.len() / 2, image.len() - 1] {
+        let (target, _) = source();
+        let before = (target.image().unwrap(), marks(&target));
+        let got = target.install_from(FailingAfter { bytes: &image, left }, image.len() as u64);
+        assert!(matches!(got, Err(InstallError::Unreadable(_))), "{left}: {got:?}");
+        assert_eq!((target.image().unwrap(), marks(&target)), before);
+    }
+    // And the whole image, streamed, installs what `install` installs.
+    let (fresh, _) = source();
+    let want = fresh.install(&image).unwrap();
+    let target = Store::open(MemBackend::default()).unwrap();
+    assert_eq!(target.install_from(&image[..], image.len() as u64), Ok(want));
+    assert_eq!(target.image().unwrap(), image);
+}

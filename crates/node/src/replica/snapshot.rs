@@ -139,29 +139,27 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// install in the log and makes that durable too.
     pub(super) fn install_snapshot(&mut self, meta: &SnapshotMeta) -> Result<(), StorageError> {
         let missing = || StorageError::SnapshotMissing { index: meta.index };
-        let (image, file) = match self.incoming_image.take() {
-            Some((m, data)) if m == *meta => {
-                // Whole in memory for the install's decode (see the module comment).
-                match self.cfg.images.as_ref().and_then(|m| m.read_received(&data)) {
-                    Some(read) => (read.map_err(|_| missing())?, Some(data)),
-                    None => (data, None),
-                }
-            }
+        let data = match self.incoming_image.take() {
+            Some((m, data)) if m == *meta => data,
             Some((_, data)) => {
                 self.remove_received(&data);
                 return Err(missing());
             }
             None => return Err(missing()),
         };
-        let image = if image.is_empty() && self.cfg.has_bug(Bug::EmptySnapshot) {
-            cairn_kv::snapshot::empty_image(meta.index.0)
-        } else {
-            image
+        // From the file it was received into, read piece by piece: never whole in memory.
+        let (installed, file) = match self.cfg.images.as_ref().and_then(|m| m.open_received(&data))
+        {
+            Some(opened) => {
+                let (reader, len) = opened.map_err(|_| missing())?;
+                (self.store.install_from(reader, len), Some(data))
+            }
+            None if data.is_empty() && self.cfg.has_bug(Bug::EmptySnapshot) => {
+                (self.store.install(&cairn_kv::snapshot::empty_image(meta.index.0)), None)
+            }
+            None => (self.store.install(&data), None),
         };
-        let installed = self
-            .store
-            .install(&image)
-            .map_err(|e| StorageError::Snapshot(std::sync::Arc::new(e)))?;
+        let installed = installed.map_err(|e| StorageError::Snapshot(std::sync::Arc::new(e)))?;
         if installed.applied_index != meta.index.0 {
             return Err(missing());
         }

@@ -23,10 +23,10 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use cairn_kv::backend::BackendError;
+use cairn_kv::backend::{BackendError, WriteBatch};
 use heed::CompactionOption;
 
-use super::{err, open_err, Handles, Journaled, LmdbBackend};
+use super::{err, open_err, Handles, LmdbBackend};
 
 /// Where a defragmentation stops early, to test what a crash there leaves.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -53,20 +53,35 @@ fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> BackendEr
     move |e| open_err(op, &path)(heed::Error::Io(e))
 }
 
-/// The prefix of the copy's directory name beside `db`.
-fn prefix(db: &Path) -> String {
+/// What writes a copy of the database beside it: a defragmentation and a snapshot install.
+const KINDS: [&str; 2] = ["defrag", "install"];
+
+/// The prefix of a copy's directory name beside `db`.
+fn prefix(db: &Path, kind: &str) -> String {
     let name = db.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    format!("{name}.defrag-")
+    format!("{name}.{kind}-")
 }
 
-/// Removes what an interrupted defragmentation left beside `db`: an unfinished copy, or the
-/// old directory after the exchange.
+/// A new, empty, private directory beside `db` for a copy of the kind given (one of [`KINDS`]),
+/// named so that no environment in this process was opened there.
+pub(super) fn fresh_dir(db: &Path, kind: &str) -> Result<PathBuf, BackendError> {
+    debug_assert!(KINDS.contains(&kind));
+    let n = GENERATION.fetch_add(1, Ordering::Relaxed);
+    let name = format!("{}{}-{n}", prefix(db, kind), std::process::id());
+    let copy = db.with_file_name(name);
+    crate::fs::create_private_dir(&copy).map_err(io("create directory", &copy))?;
+    Ok(copy)
+}
+
+/// Removes what an interrupted defragmentation or install left beside `db`: an unfinished
+/// copy, or the old directory after the exchange.
 pub(super) fn remove_leftovers(db: &Path) -> Result<(), BackendError> {
     let Some(parent) = db.parent() else { return Ok(()) };
-    let prefix = prefix(db);
+    let prefixes = KINDS.map(|kind| prefix(db, kind));
     for entry in std::fs::read_dir(parent).map_err(io("read directory", parent))? {
         let entry = entry.map_err(io("read directory", parent))?;
-        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if prefixes.iter().any(|p| name.starts_with(p)) {
             let p = entry.path();
             std::fs::remove_dir_all(&p).map_err(io("remove", &p))?;
         }
@@ -74,18 +89,15 @@ pub(super) fn remove_leftovers(db: &Path) -> Result<(), BackendError> {
     Ok(())
 }
 
-fn sync_dir(dir: &Path) -> Result<(), BackendError> {
+pub(super) fn sync_dir(dir: &Path) -> Result<(), BackendError> {
     std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(io("sync directory", dir))
 }
 
 /// Writes journaled commits to the copy in one transaction.
-fn replay(to: &Handles, batches: &[Journaled]) -> Result<(), BackendError> {
+fn replay(to: &Handles, batches: &[WriteBatch]) -> Result<(), BackendError> {
     let mut wtxn = to.env.write_txn().map_err(err("begin write"))?;
-    for b in batches {
-        match b {
-            Journaled::Commit(batch) => to.write_commit(&mut wtxn, batch)?,
-            Journaled::Replace(batch) => to.write_replace(&mut wtxn, batch)?,
-        }
+    for batch in batches {
+        to.write_commit(&mut wtxn, batch)?;
     }
     wtxn.commit().map_err(err("commit defragmented copy"))
 }
@@ -96,10 +108,7 @@ impl LmdbBackend {
     #[doc(hidden)]
     pub fn defragment_until(&self, stop: Option<DefragStep>) -> Result<(), BackendError> {
         let _one = self.defragmenting.lock().unwrap_or_else(|e| e.into_inner());
-        let n = GENERATION.fetch_add(1, Ordering::Relaxed);
-        let name = format!("{}{}-{n}", prefix(&self.path), std::process::id());
-        let copy = self.path.with_file_name(name);
-        crate::fs::create_private_dir(&copy).map_err(io("create directory", &copy))?;
+        let copy = fresh_dir(&self.path, "defrag")?;
         *self.journal() = Some(Vec::new());
         let result = self.defragment_into(&copy, stop);
         *self.journal() = None;
@@ -151,7 +160,7 @@ impl LmdbBackend {
 }
 
 /// Swaps the directories `a` and `b` in one step, then makes that durable.
-fn exchange(a: &Path, b: &Path) -> Result<(), BackendError> {
+pub(super) fn exchange(a: &Path, b: &Path) -> Result<(), BackendError> {
     use rustix::fs::{renameat_with, RenameFlags, CWD};
     renameat_with(CWD, a, CWD, b, RenameFlags::EXCHANGE)
         .map_err(|e| io("exchange directories", b)(e.into()))?;

@@ -5,6 +5,7 @@ mod common;
 mod lmdb;
 mod lmdb_damage;
 mod lmdb_defrag;
+mod lmdb_install;
 mod wal;
 mod wal_damage;
 mod wal_fuzz;
