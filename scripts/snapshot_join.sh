@@ -8,7 +8,8 @@
 #   scripts/snapshot_join.sh                                   no limit on snapshot transfers
 #   EXTRA="--snapshot-send-rate 50000000" scripts/snapshot_join.sh
 #
-# env: PUTS (50000: about 200 MB of values), CAIRN_BIN (default release/cairn), ETCDCTL
+# env: PUTS (50000: about 200 MB of values), VALUE (4096: bytes per value; 4000 fills LMDB's
+# pages, where 4096 takes two), CAIRN_BIN (default release/cairn), ETCDCTL
 # (default etcdctl on PATH; 3.4 or later), BASE port (32379: clients BASE and BASE+10, peers
 # BASE+1 and BASE+2).
 set -euo pipefail
@@ -16,7 +17,7 @@ cd "$(dirname "$0")/.."
 target_dir() { cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])'; }
 B=${CAIRN_BIN:-$(target_dir)/release/cairn}
 CTL=${ETCDCTL:-etcdctl}
-PUTS=${PUTS:-50000}; EXTRA=${EXTRA:-}
+PUTS=${PUTS:-50000}; VALUE=${VALUE:-4096}; EXTRA=${EXTRA:-}
 BASE=${BASE:-32379}; C0=$BASE; P0=$((BASE + 1)); P1=$((BASE + 2)); C1=$((BASE + 10))
 D=$(mktemp -d /tmp/snapshot-join.XXXX)
 PIDS=()
@@ -30,8 +31,8 @@ initial="m0=http://127.0.0.1:$P0"
   >"$D/m0.log" 2>&1 &
 PIDS+=($!)
 sleep 1
-"$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 32 --total "$PUTS" --value-size 4096 put >/dev/null
-echo "store: $(du -sb "$D/m0/member/db" | cut -f1) bytes of LMDB file after $PUTS puts of 4 KiB"
+"$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 32 --total "$PUTS" --value-size "$VALUE" put >/dev/null
+echo "store: $(du -sb "$D/m0/member/db" | cut -f1) bytes of LMDB file after $PUTS puts of $VALUE bytes"
 writes() { "$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 16 --total 150000 --value-size 256 put | grep Throughput; }
 echo "writes before the join: $(writes)"
 ETCDCTL_API=3 "$CTL" --endpoints "127.0.0.1:$C0" member add m1 --learner --peer-urls="http://127.0.0.1:$P1" >/dev/null
@@ -41,10 +42,14 @@ started=$(date +%s.%N)
   --initial-advertise-peer-urls "http://127.0.0.1:$P1" --initial-cluster-state existing \
   --initial-cluster "$initial,m1=http://127.0.0.1:$P1" >"$D/m1.log" 2>&1 &
 PIDS+=($!)
+learner=$!
 writes > "$D/during.txt" &
 writer=$!
 applied() { curl -s -m 1 "127.0.0.1:$1/metrics" | awk '$1=="etcd_server_proposals_applied_total" {printf "%d", $2}'; }
+anon=0
 for _ in $(seq 1 3000); do
+  now=$(awk '/RssAnon/ {print $2}' "/proc/$learner/status" 2>/dev/null || echo 0)
+  [ "${now:-0}" -gt "$anon" ] && anon=$now
   a0=$(applied "$C0" || true); a1=$(applied "$C1" || true)
   if [ -n "$a0" ] && [ -n "$a1" ] && [ "$a1" -gt 1000 ] && [ "$a1" -ge $((a0 - 200)) ]; then break; fi
   sleep 0.05
@@ -54,4 +59,6 @@ wait "$writer"
 echo "writes during the join: $(cat "$D/during.txt")"
 grep -h "sent a snapshot peer" "$D/m0.log" | sed 's/^/  leader: /'
 grep -h "installed a snapshot" "$D/m1.log" | sed 's/^/  learner: /'
+echo "leader's memory: anonymous $(awk '/RssAnon/ {print $2, $3}' "/proc/${PIDS[0]}/status") at the end"
+echo "learner's memory: peak RSS $(awk '/VmHWM/ {print $2, $3}' "/proc/$learner/status") (with the pages of files it maps), anonymous at most $anon kB (sampled every 50 ms)"
 echo "LMDB files: leader $(du -sb "$D/m0/member/db" | cut -f1) bytes, learner $(du -sb "$D/m1/member/db" | cut -f1) bytes"

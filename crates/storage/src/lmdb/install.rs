@@ -12,7 +12,7 @@
 //!    and reads go on against the current environment meanwhile (the store discards commits of
 //!    the state the image replaces); a defragmentation waits (one rewrite of the file at a
 //!    time).
-//! 2. `put`: records in revision order, committed in transactions of about 64 MiB.
+//! 2. `put`: records in revision order, committed in transactions of about 16 MiB.
 //! 3. `prepare`: the rest (members, leases, auth, alarms, meta), then a sync of the copy and
 //!    its directory.
 //! 4. `swap`: under the commit lock, the two directories are exchanged atomically and their
@@ -37,7 +37,7 @@ use super::{err, Handles, LmdbBackend};
 /// Records gathered before they are written in one transaction: large enough that commits
 /// (each an fsync of the copy) are few, small enough that a transaction's dirty pages stay
 /// well within memory.
-const TXN_BYTES: usize = 64 << 20;
+const TXN_BYTES: usize = 16 << 20;
 
 /// A replacement being written aside; see the module comment.
 pub(super) struct Install<'a> {
