@@ -4,7 +4,8 @@
 //   cargo run -p cairn --example embedded_cluster -- --serve-etcd 127.0.0.1:2379
 //
 // Each engine is what one program of a real deployment would open: give each its own process
-// (or machine) with the same member list and it is the same cluster. The engines talk over
+// (or machine) with the same member list and it is the same cluster, as `embedded_member.rs`
+// does (one program per member, three terminals or its `--demo`). The engines talk over
 // cairn's peer transport, as `cairn serve` members do. A write on any member is forwarded to
 // the leader; a linearizable read on any member asks the leader for a read index first. Each
 // member announces leadership changes as it sees them. With `--serve-etcd ADDR`, member m0 also
@@ -21,8 +22,7 @@ use std::time::Duration;
 use cairn::kv::{PutRequest, RangeRequest};
 use cairn::{Engine, EngineConfig, ServeConfig};
 
-// What a program of one member needs too (the path keeps working when the tests include this
-// file).
+// Shared with `embedded_member.rs` (the path keeps working when the tests include this file).
 #[path = "common/mod.rs"]
 mod common;
 use common::BoxError;

@@ -1,7 +1,7 @@
-//! What embedded-cluster examples share: a member's engine configuration from etcd's cluster
-//! flags, free loopback ports, and the member's announcements of leadership changes.
-//! `embedded_cluster.rs` opens three such members in one program. (A directory, not
-//! `examples/common.rs`, so that cargo takes it for no example.)
+//! What the embedded-cluster examples share: a member's engine configuration from etcd's
+//! cluster flags, free loopback ports, and the member's announcements of leadership changes.
+//! `embedded_cluster.rs` opens three such members in one program, `embedded_member.rs` one per
+//! program. (A directory, not `examples/common.rs`, so that cargo takes it for no example.)
 use std::collections::BTreeMap;
 use std::error::Error;
 use std::net::SocketAddr;
