@@ -175,6 +175,9 @@ impl Demo {
         let old = old.map(|i| self.programs[i].name.clone());
         let deadline = Instant::now() + STEP;
         loop {
+            if let Some(gone) = members.iter().find(|i| self.programs[**i].ended) {
+                return Err(format!("{}'s output ended", self.programs[*gone].name).into());
+            }
             let seen: Vec<_> = members.iter().map(|i| self.programs[*i].seen.clone()).collect();
             if let Some(Some((_, Some(leader)))) = seen.first() {
                 let agreed = seen.iter().all(|s| s == &seen[0]) && Some(leader) != old.as_ref();
