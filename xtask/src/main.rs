@@ -3,8 +3,10 @@
 //! 1. formatting (`cargo fmt --check`);
 //! 2. lints (`cargo clippy -D warnings` on every target);
 //! 3. tests (unit, paper, interaction scripts with golden output, property tests, the simulator's
-//!    planted-bug tests, the tidy checks in this crate) and doc tests, then the README's
-//!    embedding program built without the `server` feature;
+//!    planted-bug tests, the tidy checks in this crate) and doc tests; then three processes
+//!    that each embed an engine form a cluster and lose their leader (`embedded_member
+//!    --demo`, the binary the tests built), and the README's embedding program is built
+//!    without the `server` feature;
 //! 4. documentation builds without warnings;
 //! 5. the simulator over 1,000 seeds (3 and 5 voters, both read modes, membership changes), then
 //!    300 seeds at ten times the fault rate, then 300 seeds of the stack mix (every KV operation,
@@ -71,6 +73,19 @@ const PROFILE: &str = "ci";
 fn release_bin(name: &str) -> Result<String, String> {
     let bin = target_dir(&[])?.join(PROFILE).join(name);
     bin.into_os_string().into_string().map_err(|_| "non-UTF-8 target directory".into())
+}
+
+/// Runs an example that `cargo test --workspace` built: cargo builds every example for its
+/// tests (`debug/examples/`, test profile), so this compiles nothing, where `cargo run -p cairn`
+/// would resolve one package's features rather than the workspace's and rebuild much of the
+/// tree (a minute and more on CI's two cores).
+fn built_example(name: &str, args: &[&str]) -> Result<(), String> {
+    let bin = target_dir(&[])?.join("debug").join("examples").join(name);
+    if !bin.is_file() {
+        return Err(format!("{} is missing: `cargo test --workspace` builds it", bin.display()));
+    }
+    let bin = bin.into_os_string().into_string().map_err(|_| "non-UTF-8 target directory")?;
+    run(".", &bin, args, &[])
 }
 
 fn sim(args: &[&str]) -> Result<(), String> {
@@ -216,6 +231,8 @@ fn ci() -> Result<(), String> {
         cargo(&["clippy", "--workspace", "--all-targets", "--quiet", "--", "-D", "warnings"], &[])
     })?;
     p.run("cargo test", || cargo(&["test", "--workspace"], &[]))?;
+    // Three programs that each embed an engine form one cluster; the leader's is killed.
+    p.run("embedded cluster (3 processes)", || built_example("embedded_member", &["--demo"]))?;
     // The README's embedding program, built as an embedder builds it: without the server.
     p.run("embed example (no server)", || {
         cargo(

@@ -4,15 +4,14 @@
 //   cargo run -p cairn --example embedded_cluster -- --serve-etcd 127.0.0.1:2379
 //
 // Each engine is what one program of a real deployment would open: give each its own process
-// (or machine) with the same member list and it is the same cluster. The engines talk over
+// (or machine) with the same member list and it is the same cluster, as `embedded_member.rs`
+// does (one program per member, three terminals or its `--demo`). The engines talk over
 // cairn's peer transport, as `cairn serve` members do. A write on any member is forwarded to
 // the leader; a linearizable read on any member asks the leader for a read index first. Each
 // member announces leadership changes as it sees them. With `--serve-etcd ADDR`, member m0 also
 // serves the etcd v3 API (etcdctl, any etcd client) on ADDR until Ctrl-C.
 //
 // Serving the etcd API needs the `server` feature (on by default); the engines alone do not.
-use std::collections::BTreeMap;
-use std::error::Error;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -20,11 +19,13 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use cairn::cluster::{ClusterConfig, ClusterState};
 use cairn::kv::{PutRequest, RangeRequest};
 use cairn::{Engine, EngineConfig, ServeConfig};
 
-type BoxError = Box<dyn Error + Send + Sync>;
+// Shared with `embedded_member.rs` (the path keeps working when the tests include this file).
+#[path = "common/mod.rs"]
+mod common;
+use common::BoxError;
 
 /// Where `--serve-etcd` serves m0's etcd API, and what the tour waits for before it stops
 /// serving: Ctrl-C here; the example's test makes its etcd requests instead.
@@ -67,55 +68,21 @@ async fn main() -> Result<(), BoxError> {
     Ok(())
 }
 
-/// The member list every program of the cluster is started with: names and peer URLs.
+/// The member list every program of the cluster is started with (names and peer URLs), and
+/// each member's engine configuration from it, as each program would build its own.
 fn member_configs(dir: &Path, serve: Option<SocketAddr>) -> Result<Vec<EngineConfig>, BoxError> {
-    // Free loopback ports: bound to port 0 and released just before the engines bind them.
-    let ports: Vec<u16> = (0..3)
-        .map(|_| std::net::TcpListener::bind("127.0.0.1:0")?.local_addr().map(|a| a.port()))
-        .collect::<Result<_, _>>()?;
-    let urls: Vec<String> = ports.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
+    let urls: Vec<String> =
+        common::free_ports(3)?.iter().map(|p| format!("http://127.0.0.1:{p}")).collect();
     let initial: Vec<String> = urls.iter().enumerate().map(|(i, u)| format!("m{i}={u}")).collect();
-    let mut configs = Vec::new();
-    for (i, url) in urls.iter().enumerate() {
-        let name = format!("m{i}");
-        let mut cfg = EngineConfig::new(&name, dir.join(&name));
-        let url = std::slice::from_ref(url);
-        // etcd's flags: --initial-cluster, its token, and this member's peer URLs (advertised
-        // and listened on, the same here).
-        let initial = initial.join(",");
-        let cluster =
-            ClusterConfig::from_flags(&name, &initial, "embedded", url, url, ClusterState::New)?;
-        cfg.cluster = Some(cluster);
-        if let (0, Some(addr)) = (i, serve) {
-            // Published through the log, so every member's MemberList shows where m0 serves.
-            cfg.advertise_client_urls = vec![format!("http://{addr}")];
-        }
-        configs.push(cfg);
-    }
-    Ok(configs)
-}
-
-/// Prints each leadership change `engine` sees until it stops; returns how many it saw.
-fn announce(
-    name: String,
-    engine: &Engine,
-    names: Arc<BTreeMap<u64, String>>,
-) -> tokio::task::JoinHandle<usize> {
-    let mut leadership = engine.leadership();
-    tokio::spawn(async move {
-        let mut seen = 0;
-        // The current state first (`None` until the engine knows it), then every change; it
-        // ends when the engine stops.
-        while let Ok(now) = leadership.changed().await {
-            let Some(now) = now else { continue };
-            seen += 1;
-            match now.leader {
-                Some(id) => println!("[{name}] term {}: {} leads", now.term.0, names[&id.0]),
-                None => println!("[{name}] term {}: electing", now.term.0),
-            }
-        }
-        seen
-    })
+    let initial = initial.join(",");
+    // Each listens for peers on the URL it advertises; only m0 serves the etcd API, if asked.
+    (0..urls.len())
+        .map(|i| {
+            let name = format!("m{i}");
+            let serve = serve.filter(|_| i == 0);
+            common::member_config(&name, dir.join(&name), &initial, &urls[i], serve)
+        })
+        .collect()
 }
 
 /// Waits until `engine` sees a leader other than `old`, and returns its id.
@@ -192,15 +159,13 @@ async fn serve_etcd(engine: Arc<Engine>, serve: ServeEtcd) -> Result<(), BoxErro
 /// The whole demonstration, with its data under `dir`.
 pub async fn tour(dir: &Path, serve: Option<ServeEtcd>) -> Result<Seen, BoxError> {
     let configs = member_configs(dir, serve.as_ref().map(|s| s.addr))?;
-    let spec = configs[0].cluster.as_ref().map(|c| c.members.clone()).unwrap_or_default();
-    let names: BTreeMap<u64, String> = spec.into_iter().map(|m| (m.id, m.name)).collect();
-    let names = Arc::new(names);
+    let names = common::member_names(&configs[0]);
     let mut members = Vec::new();
     let mut announcers = Vec::new();
     for cfg in configs {
         // Opening replays the log and blocks this thread meanwhile (quick for a new directory).
         let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.clone()))?);
-        announcers.push(announce(cfg.name.clone(), &engine, names.clone()));
+        announcers.push(common::announce(cfg.name.clone(), &engine, names.clone()));
         members.push((cfg.name, engine));
     }
     let first = agreed_leader(&members, None).await?;
@@ -228,8 +193,8 @@ pub async fn tour(dir: &Path, serve: Option<ServeEtcd>) -> Result<Seen, BoxError
         notifications += a.await?;
     }
     Ok(Seen {
-        first_leader: names[&first].clone(),
-        next_leader: names[&next].clone(),
+        first_leader: common::name_of(&names, first),
+        next_leader: common::name_of(&names, next),
         notifications,
     })
 }
