@@ -20,8 +20,8 @@
 //! (batch size of Appends), --fault-ticks N (length of the fault phase), --snapshot-entries N
 //! (entries between log compactions), --snapshot-catchup-entries N (entries kept behind every
 //! compaction), --snapshot-catchup-max N (entries a leader keeps at most for followers catching
-//! up; 0: none), --no-membership, --no-publish (members do not publish
-//! their attributes), --threads N.
+//! up; 0: none), --no-membership, --no-publish (members do not publish their attributes),
+//! --threads N.
 //! ```
 
 use std::process::ExitCode;
