@@ -117,14 +117,19 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// Whether the leader should keep entries for `id`: it was heard from within an election
-    /// timeout, or a snapshot reached it within the install grace. The core's `recent_active`
-    /// would not do: it is cleared every election timeout, and a follower installing a large
-    /// image answers nothing for longer than that, exactly while it most needs the entries.
+    /// timeout, or a snapshot reached it within the install grace and it has not acknowledged
+    /// it yet (it is installing it; once it has, silence means it is down). The core's
+    /// `recent_active` would not do: it is cleared every election timeout, and a follower
+    /// installing a large image answers nothing for longer than that, exactly while it most
+    /// needs the entries.
     fn catching_up(&self, id: NodeId) -> bool {
         let window = u64::from(self.cfg.raft.election_timeout_ticks);
-        let within = |at: Option<&u64>, ticks| at.is_some_and(|t| self.ticks <= t + ticks);
-        within(self.heard.get(&id), window)
-            || within(self.snapshot_delivered.get(&id), self.install_grace_ticks())
+        let heard = self.heard.get(&id).is_some_and(|t| self.ticks <= t + window);
+        let installing = self.snapshot_delivered.get(&id).is_some_and(|(at, index)| {
+            self.ticks <= at + self.install_grace_ticks()
+                && self.raft.progress(id).is_some_and(|p| p.matched() < *index)
+        });
+        heard || installing
     }
 
     /// [`INSTALL_GRACE_MICROS`] in ticks, at least an election timeout.
@@ -133,12 +138,17 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         (INSTALL_GRACE_MICROS / self.cfg.tick_micros.max(1)).max(window)
     }
 
-    /// Records that the transport delivered a snapshot to `id`, which now installs it.
+    /// Records that the transport delivered the snapshot the leader is sending `id`, which now
+    /// installs it. Call before the core hears of it (it then forgets the snapshot's index).
     pub(super) fn note_snapshot_delivered(&mut self, id: NodeId) {
-        let (now, grace) = (self.ticks, self.install_grace_ticks());
+        let Some(ProgressState::Snapshot { pending }) = self.raft.progress(id).map(Progress::state)
+        else {
+            return;
+        };
+        let (now, grace, pending) = (self.ticks, self.install_grace_ticks(), *pending);
         // Forgets old deliveries, so members that come and go leave nothing behind.
-        self.snapshot_delivered.retain(|_, at| now <= *at + grace);
-        self.snapshot_delivered.insert(id, now);
+        self.snapshot_delivered.retain(|_, (at, _)| now <= *at + grace);
+        self.snapshot_delivered.insert(id, (now, pending));
     }
 
     /// The index up to which the log was compacted (or a snapshot installed): the core's own

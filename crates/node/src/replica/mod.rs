@@ -210,9 +210,10 @@ pub struct Replica<D: Dir, B: Backend, T> {
     /// The tick each peer was last heard from, for the membership's health checks and for
     /// keeping the log for followers that catch up (`compact.rs`).
     heard: std::collections::HashMap<NodeId, u64>,
-    /// The tick at which a snapshot last reached each follower, as the transport reported:
-    /// it is installing it, silent, and will need the log from the snapshot on (`compact.rs`).
-    snapshot_delivered: std::collections::HashMap<NodeId, u64>,
+    /// The tick at which a snapshot last reached each follower, as the transport reported,
+    /// and the index the leader sent it at: until it acknowledges that index it is installing
+    /// it, silent, and will need the log from there on (`compact.rs`).
+    snapshot_delivered: std::collections::HashMap<NodeId, (u64, LogIndex)>,
     /// The tick since which each learner has stayed close to this leader's log, for
     /// automatic promotion (`members.rs`).
     close_since: std::collections::BTreeMap<NodeId, u64>,

@@ -180,6 +180,21 @@ fn a_follower_silent_after_a_delivered_snapshot_holds_the_log_only_for_the_insta
     assert!(log_len(&mut net, 1) < MARGIN + EVERY, "back to the margin (longest {longest})");
 }
 
+/// Once it has installed its snapshot, a member that goes silent is down, grace or not
+/// (tests/cluster found one, killed a moment after it joined, holding the log for 30 s).
+#[test]
+fn a_follower_that_installed_its_snapshot_and_went_down_holds_nothing_back() {
+    let mut net = cluster(MARGIN, 1000);
+    behind_and_sent_a_snapshot(&mut net);
+    net.get(1).replica.handle_snapshot_report(NodeId(3), SnapshotStatus::Finished);
+    deliver(&mut net);
+    assert_eq!(net.snapshots[&3], 1);
+    net.cut.insert(3);
+    net.tick_all(12);
+    let longest = write(&mut net, "b", 40);
+    assert!(longest < MARGIN + EVERY, "the leader kept {longest} entries");
+}
+
 #[test]
 fn a_slow_follower_holds_back_no_more_than_the_bound() {
     let max = 30;
