@@ -36,6 +36,11 @@ func etcdBin() string { return os.Getenv("CLUSTER_ETCD") }
 // compactions of the log.
 const snapshotCount = 500
 
+// catchUpEntries is every cairn member's --snapshot-catchup-entries: how many entries its log
+// keeps behind a compaction. Small, so that a member down for a while needs a snapshot; etcd
+// keeps its default of 5,000 (Debian's etcd 3.4 has no such flag).
+const catchUpEntries = 100
+
 // freePort returns a port that is free now, from below the ephemeral range (see
 // harness.RandomFreePort): a fault run makes hundreds of connections.
 func freePort(t *testing.T) int {
@@ -127,6 +132,8 @@ func (c *cluster) start(i int) {
 	args = append(args, c.extra...)
 	if etcdBin() != "" {
 		args = append(args, "--log-level", "warn")
+	} else {
+		args = append(args, "--snapshot-catchup-entries", fmt.Sprint(catchUpEntries))
 	}
 	cmd := exec.Command(c.bin[0], args...)
 	log, err := os.OpenFile(filepath.Join(c.root, m.name+".log"),

@@ -107,15 +107,16 @@ func (c *cluster) cycleLearner(admin *clientv3.Client, hold time.Duration) strin
 
 // killPastSnapshot kills member i and keeps it down for at least hold and until the log moved
 // far enough that the live members compacted past where i stopped, then restarts it: it must
-// catch up by snapshot. cairn compacts up to what it applied every snapshotCount entries, so
-// one compaction after i stopped is enough, and it comes within snapshotCount entries and what
+// catch up by snapshot. cairn compacts every snapshotCount entries up to catchUpEntries behind
+// what it applied (and keeps nothing for a member that is down), so one compaction after i
+// stopped is enough, and it comes within catchUpEntries plus snapshotCount entries and what
 // the store has not made durable yet. etcd snapshots every snapshotCount entries (and an apply
 // batch) but compacts only up to 5,000 entries behind the snapshot (SnapshotCatchUpEntries),
 // and not at all for 30 s after it sent a snapshot (releaseDelayAfterSnapshot: "skip
 // compaction since there is an inflight snapshot"), so after another membership fault an etcd
 // member may catch up from the log; the fault says which.
 func (c *cluster) killPastSnapshot(admin *clientv3.Client, i int, hold time.Duration) string {
-	need, within := uint64(snapshotCount*3/2), 30*time.Second
+	need, within := uint64(catchUpEntries+snapshotCount*3/2), 30*time.Second
 	if etcdBin() != "" {
 		need, within = 5_000+2*snapshotCount, 60*time.Second
 	}

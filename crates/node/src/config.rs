@@ -11,6 +11,16 @@ pub use cairn_raft::ReadMode;
 
 use crate::cluster::ClusterConfig;
 
+/// etcd's `DefaultSnapshotCatchUpEntries`: entries kept behind every compaction of the log.
+pub const DEFAULT_SNAPSHOT_CATCHUP_ENTRIES: u64 = 5_000;
+
+/// Entries a leader keeps at most for followers catching up, beyond the margin: ten times the
+/// default `--snapshot-count`. A count, not bytes, because the log is bounded by counts
+/// already (`--snapshot-count` plus the margin, each entry at most `--max-request-bytes`), so
+/// this multiplies its worst case by a known factor; the core keeps no running total of entry
+/// sizes, and summing them at every decision would cost a pass over the held entries.
+pub const DEFAULT_SNAPSHOT_CATCHUP_MAX: u64 = 100_000;
+
 /// How to open an [`crate::Engine`].
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
@@ -44,6 +54,18 @@ pub struct EngineConfig {
     /// Compact the Raft log after this many applied entries (etcd's `--snapshot-count`). Default
     /// 10,000.
     pub snapshot_entries: u64,
+    /// Entries the log keeps behind every compaction point (etcd's `--snapshot-catchup-entries`,
+    /// 5,000 by default, as etcd), so that a follower a little behind, or one that has just
+    /// installed a snapshot, catches up from the log instead of needing a snapshot. The log then
+    /// holds between this many and this many plus [`EngineConfig::snapshot_entries`] entries.
+    pub snapshot_catchup_entries: u64,
+    /// Entries a leader keeps at most, beyond [`EngineConfig::snapshot_catchup_entries`], for
+    /// followers that are catching up: one receiving or installing a snapshot, or behind and
+    /// answering (cairn's own; etcd instead skips compaction while a snapshot is in flight and
+    /// for 30 s after). The bound is what one slow follower may cost the leader's memory and
+    /// disk; a follower that needs more gets another snapshot. 0 keeps nothing for them.
+    /// Default 100,000 (ten times the default `snapshot_entries`).
+    pub snapshot_catchup_max: u64,
     /// Size of one write-ahead log segment file. Default 64 MiB.
     pub wal_segment_bytes: u64,
     /// The cluster this member belongs to, from etcd's cluster flags. `None` (the default)
@@ -108,6 +130,8 @@ impl EngineConfig {
             lmdb_map_bytes: 8 << 30,
             quota_backend_bytes: None,
             snapshot_entries: 10_000,
+            snapshot_catchup_entries: DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+            snapshot_catchup_max: DEFAULT_SNAPSHOT_CATCHUP_MAX,
             wal_segment_bytes: 64 << 20,
             read_mode: ReadMode::Safe,
             cluster: None,
@@ -187,6 +211,11 @@ pub struct ReplicaConfig {
     pub request_timeout_ticks: u64,
     /// Compact the log once this many entries were applied since the last compaction.
     pub snapshot_entries: u64,
+    /// Entries kept behind every compaction point ([`EngineConfig::snapshot_catchup_entries`]).
+    pub snapshot_catchup_entries: u64,
+    /// Entries a leader keeps at most beyond that margin for followers that are catching up
+    /// ([`EngineConfig::snapshot_catchup_max`]); 0 keeps none.
+    pub snapshot_catchup_max: u64,
     /// Report every entry persisted and applied, and every snapshot taken or installed, in
     /// [`crate::Observed`]. For simulators and tests; it costs a copy of each entry.
     pub observe: bool,
@@ -229,6 +258,8 @@ impl ReplicaConfig {
             raft,
             request_timeout_ticks: 70,
             snapshot_entries: 10_000,
+            snapshot_catchup_entries: DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+            snapshot_catchup_max: DEFAULT_SNAPSHOT_CATCHUP_MAX,
             observe: false,
             publish: None,
             tick_micros: 100_000,

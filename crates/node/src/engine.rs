@@ -154,6 +154,8 @@ fn replica_config(
     let mut rc = ReplicaConfig::new(raft);
     rc.request_timeout_ticks = cfg.request_timeout_ticks();
     rc.snapshot_entries = cfg.snapshot_entries;
+    rc.snapshot_catchup_entries = cfg.snapshot_catchup_entries;
+    rc.snapshot_catchup_max = cfg.snapshot_catchup_max;
     // A single member has no one to tell: its log stays as it always was.
     if cfg.cluster.is_some() {
         rc.publish = Some(MemberAttributes {

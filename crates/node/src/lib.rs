@@ -72,7 +72,10 @@ pub use cairn_raft::{NodeId, Term};
 pub use config::ReplicaBug;
 #[doc(hidden)]
 pub use config::ReplicaConfig;
-pub use config::{min_lease_ttl, AutoPromote, EngineConfig, ReadMode};
+pub use config::{
+    min_lease_ttl, AutoPromote, EngineConfig, ReadMode, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+    DEFAULT_SNAPSHOT_CATCHUP_MAX,
+};
 pub use engine::{
     added_member_id, Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, Member,
     RangePlan,

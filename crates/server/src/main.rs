@@ -90,6 +90,15 @@ struct ServeArgs {
     /// Applied entries between compactions of the Raft log (etcd 3.6's default: 10,000).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u64).range(1..))]
     snapshot_count: u64,
+    /// Entries the Raft log keeps behind every compaction, so that a follower a little behind,
+    /// or one that just installed a snapshot, catches up from the log (etcd's default: 5,000;
+    /// 0 means the default, as in etcd). etcd 3.5 calls it
+    /// --experimental-snapshot-catchup-entries.
+    #[arg(long, default_value_t = cairn_node::DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+        alias = "experimental-snapshot-catchup-entries",
+        // etcd 3.5's configuration file spells the key so.
+        alias = "experimental-snapshot-catch-up-entries")]
+    snapshot_catchup_entries: u64,
     /// How linearizable reads are confirmed: `read-index` (etcd's way: one heartbeat round
     /// per batch of reads) or `lease` (the leader answers at once while its lease holds; safe
     /// only while clock drift and process stalls stay under the lease margin of two ticks).
@@ -294,6 +303,11 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     engine.max_txn_ops = a.max_txn_ops;
     engine.quota_backend_bytes = Some(a.quota_backend_bytes as u64);
     engine.snapshot_entries = a.snapshot_count;
+    // etcd replaces 0 with its default ("updating snapshot catch-up entries to default").
+    engine.snapshot_catchup_entries = match a.snapshot_catchup_entries {
+        0 => cairn_node::DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+        n => n,
+    };
     engine.lease_revoke_rate = a.lease_revoke_rate;
     let auth_token = auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
@@ -304,23 +318,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
     }
     // etcd's request timeout: 5 s plus two election timeouts.
     engine.request_timeout = std::time::Duration::from_millis(5000 + 2 * a.election_timeout);
-    if let Some(initial) = &a.initial_cluster {
-        let state = match a.initial_cluster_state.as_str() {
-            "existing" => ClusterState::Existing,
-            _ => ClusterState::New,
-        };
-        let mut cluster = ClusterConfig::from_flags(
-            &a.name,
-            initial,
-            &a.initial_cluster_token,
-            &a.initial_advertise_peer_urls,
-            &a.listen_peer_urls,
-            state,
-        )?;
-        cluster.peer_tls = peer_tls;
-        cluster.peer_skip_client_san_verification = a.tls.peer_skip_client_san_verification;
-        engine.cluster = Some(cluster);
-    }
+    engine.cluster = cluster_flags(&a, peer_tls)?;
     #[cfg(feature = "planted-bugs")]
     if a.unsafe_planted_bug.as_deref() == Some("read-without-index") {
         engine.planted_bug = Some(cairn_node::ReplicaBug::ReadWithoutIndex);
@@ -344,6 +342,26 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         corrupt_check_interval: a.corrupt_check_time.filter(|d| !d.is_zero()),
         auth_token,
     })
+}
+
+/// The cluster etcd's cluster flags describe; `None` without `--initial-cluster`.
+fn cluster_flags(a: &ServeArgs, peer_tls: Option<TlsFiles>) -> Result<Option<ClusterConfig>> {
+    let Some(initial) = &a.initial_cluster else { return Ok(None) };
+    let state = match a.initial_cluster_state.as_str() {
+        "existing" => ClusterState::Existing,
+        _ => ClusterState::New,
+    };
+    let mut cluster = ClusterConfig::from_flags(
+        &a.name,
+        initial,
+        &a.initial_cluster_token,
+        &a.initial_advertise_peer_urls,
+        &a.listen_peer_urls,
+        state,
+    )?;
+    cluster.peer_tls = peer_tls;
+    cluster.peer_skip_client_san_verification = a.tls.peer_skip_client_san_verification;
+    Ok(Some(cluster))
 }
 
 /// etcd's certificate flags, for the client and the peer listeners.
@@ -474,11 +492,7 @@ fn bench(args: cairn_bench::BenchArgs) -> Result<()> {
 fn parse_args() -> (Cli, Vec<String>) {
     use clap::CommandFactory;
     let cmd = Cli::command();
-    let known: Vec<String> = cmd
-        .get_arguments()
-        .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().unwrap_or_default()))
-        .map(str::to_string)
-        .collect();
+    let known = known_flags(&cmd);
     // Variables whose name or value is not UTF-8 are nobody's settings.
     let env = std::env::vars_os()
         .filter_map(|(k, v)| Some((k.into_string().ok()?, v.into_string().ok()?)));
@@ -490,6 +504,15 @@ fn parse_args() -> (Cli, Vec<String>) {
             err.with_cmd(&cmd).exit()
         }
     }
+}
+
+/// The server's long flag names, aliases included: what settings from a file or the
+/// environment may name.
+fn known_flags(cmd: &clap::Command) -> Vec<String> {
+    cmd.get_arguments()
+        .flat_map(|a| a.get_long().into_iter().chain(a.get_all_aliases().unwrap_or_default()))
+        .map(str::to_string)
+        .collect()
 }
 
 /// Starts the log as `--log-format`, `--log-outputs` and `--log-level` say.
@@ -579,4 +602,40 @@ fn server_runtime(threads: usize) -> std::io::Result<tokio::runtime::Runtime> {
     #[cfg(tokio_unstable)]
     builder.disable_lifo_slot();
     builder.build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The engine configuration a command line (after the program's name) comes to, with
+    /// settings from `yaml` as a configuration file's.
+    fn engine(args: &[&str], yaml: Option<&str>) -> EngineConfig {
+        use clap::CommandFactory;
+        let mut argv: Vec<std::ffi::OsString> = vec!["cairn".into()];
+        argv.extend(args.iter().map(Into::into));
+        let file = std::env::temp_dir().join(format!("cairn-flags-{}.yaml", std::process::id()));
+        if let Some(yaml) = yaml {
+            std::fs::write(&file, yaml).expect("write the file");
+            argv.push(format!("--config-file={}", file.display()).into());
+        }
+        let known = known_flags(&Cli::command());
+        let expanded = config_file::expand(argv, [], &known, cli::ETCD_FLAGS).expect("expands");
+        let _ = std::fs::remove_file(&file);
+        let cli: Cli = cli::parse_from(expanded.args).expect("parses");
+        serve_config(cli.serve).expect("a configuration").engine
+    }
+
+    #[test]
+    fn the_catch_up_margin_is_read_under_etcds_names_with_its_meaning_of_zero() {
+        let margin = |args: &[&str], yaml| engine(args, yaml).snapshot_catchup_entries;
+        assert_eq!(margin(&[], None), 5_000, "etcd's default");
+        assert_eq!(margin(&["--snapshot-catchup-entries", "100"], None), 100, "etcd 3.6");
+        let old = ["--experimental-snapshot-catchup-entries=200"];
+        assert_eq!(margin(&old, None), 200, "etcd 3.5, and 3.6's deprecated name");
+        assert_eq!(margin(&["--snapshot-catchup-entries", "0"], None), 5_000, "0: the default");
+        // Configuration files: 3.5's key (its field's JSON name), and 3.6's.
+        assert_eq!(margin(&[], Some("experimental-snapshot-catch-up-entries: 300\n")), 300);
+        assert_eq!(margin(&[], Some("snapshot-catchup-entries: 400\n")), 400);
+    }
 }

@@ -66,6 +66,12 @@ pub struct Options {
     pub power_loss_rate: f64,
     /// Applied entries between log compactions (small, so lagging members need snapshots).
     pub snapshot_entries: u64,
+    /// Entries kept behind every compaction (etcd's `SnapshotCatchUpEntries`): 0 or a few,
+    /// by seed, so that runs compact right up to what was applied and runs keep a margin.
+    pub snapshot_catchup_entries: u64,
+    /// Entries a leader keeps at most for followers catching up: 0 (none) or a few
+    /// compactions' worth, by seed, so that both the hold and its bound are worked.
+    pub snapshot_catchup_max: u64,
     /// Print every delivery and state change (for replaying one seed).
     pub trace: bool,
 }
@@ -92,6 +98,8 @@ impl Options {
             chaos: 1.0,
             power_loss_rate: 0.0,
             snapshot_entries: 20 + seed % 41,
+            snapshot_catchup_entries: if (seed / 2).is_multiple_of(2) { 0 } else { 1 + seed % 13 },
+            snapshot_catchup_max: if (seed / 4).is_multiple_of(2) { 0 } else { 20 + seed % 61 },
             trace: false,
         }
     }

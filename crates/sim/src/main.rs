@@ -18,8 +18,10 @@
 //!
 //! Other flags: --chaos X (multiply crash, partition and disk fault rates), --max-msg-bytes B
 //! (batch size of Appends), --fault-ticks N (length of the fault phase), --snapshot-entries N
-//! (entries between log compactions), --no-membership, --no-publish (members do not publish
-//! their attributes), --threads N.
+//! (entries between log compactions), --snapshot-catchup-entries N (entries kept behind every
+//! compaction), --snapshot-catchup-max N (entries a leader keeps at most for followers catching
+//! up; 0: none), --no-membership, --no-publish (members do not publish their attributes),
+//! --threads N.
 //! ```
 
 use std::process::ExitCode;
@@ -39,6 +41,8 @@ struct Args {
     replica_bug: Option<ReplicaBug>,
     stack: bool,
     snapshot_entries: Option<u64>,
+    snapshot_catchup_entries: Option<u64>,
+    snapshot_catchup_max: Option<u64>,
     threads: usize,
     trace: bool,
     chaos: Option<f64>,
@@ -93,6 +97,8 @@ fn parse() -> Result<Args, String> {
         replica_bug: None,
         stack: false,
         snapshot_entries: None,
+        snapshot_catchup_entries: None,
+        snapshot_catchup_max: None,
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         trace: false,
         chaos: None,
@@ -137,6 +143,8 @@ fn parse() -> Result<Args, String> {
             "--bug" => (a.bug, a.replica_bug) = parse_bug(&v)?,
             "--stack" => a.stack = true,
             "--snapshot-entries" => a.snapshot_entries = Some(num(&flag, &v)?),
+            "--snapshot-catchup-entries" => a.snapshot_catchup_entries = Some(num(&flag, &v)?),
+            "--snapshot-catchup-max" => a.snapshot_catchup_max = Some(num(&flag, &v)?),
             "-h" | "--help" => {
                 print_help();
                 std::process::exit(0);
@@ -168,6 +176,9 @@ fn main() -> ExitCode {
         o.bug = args.bug;
         o.replica_bug = args.replica_bug;
         o.snapshot_entries = args.snapshot_entries.unwrap_or(o.snapshot_entries);
+        o.snapshot_catchup_entries =
+            args.snapshot_catchup_entries.unwrap_or(o.snapshot_catchup_entries);
+        o.snapshot_catchup_max = args.snapshot_catchup_max.unwrap_or(o.snapshot_catchup_max);
         o.trace = args.trace;
         o.chaos = args.chaos.unwrap_or(o.chaos);
         o.max_msg_bytes = args.max_msg_bytes.unwrap_or(o.max_msg_bytes);

@@ -50,6 +50,8 @@ fn replica_config(opts: &Options, id: NodeId) -> ReplicaConfig {
     let mut cfg = ReplicaConfig::new(raft);
     cfg.request_timeout_ticks = 40;
     cfg.snapshot_entries = opts.snapshot_entries;
+    cfg.snapshot_catchup_entries = opts.snapshot_catchup_entries;
+    cfg.snapshot_catchup_max = opts.snapshot_catchup_max;
     cfg.observe = true;
     cfg.planted_bug = opts.replica_bug;
     // Checkpoints every second of lease time (etcd's interval is 5 minutes), so that leases

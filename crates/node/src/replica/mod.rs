@@ -12,6 +12,7 @@
 //! and `FaultyDir`, an in-memory backend), and tests that assert the exact work one input causes.
 
 mod apply;
+mod compact;
 mod lease;
 mod members;
 mod moves;
@@ -206,8 +207,13 @@ pub struct Replica<D: Dir, B: Backend, T> {
     unsent_snapshots: Vec<NodeId>,
     work: Work<T>,
     failed: Option<StorageError>,
-    /// The tick each peer was last heard from, for the membership's health checks.
+    /// The tick each peer was last heard from, for the membership's health checks and for
+    /// keeping the log for followers that catch up (`compact.rs`).
     heard: std::collections::HashMap<NodeId, u64>,
+    /// The tick at which a snapshot last reached each follower, as the transport reported,
+    /// and the index the leader sent it at: until it acknowledges that index it is installing
+    /// it, silent, and will need the log from there on (`compact.rs`).
+    snapshot_delivered: std::collections::HashMap<NodeId, (u64, LogIndex)>,
     /// The tick since which each learner has stayed close to this leader's log, for
     /// automatic promotion (`members.rs`).
     close_since: std::collections::BTreeMap<NodeId, u64>,
@@ -304,6 +310,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             work: Work { membership: true, ..Work::default() },
             failed: None,
             heard: std::collections::HashMap::new(),
+            snapshot_delivered: std::collections::HashMap::new(),
             close_since: std::collections::BTreeMap::new(),
             cfg,
         })
@@ -382,6 +389,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// The transport reports how sending a snapshot to `to` ended.
     pub fn handle_snapshot_report(&mut self, to: NodeId, status: SnapshotStatus) {
+        if status == SnapshotStatus::Finished {
+            self.note_snapshot_delivered(to);
+        }
         self.raft.report_snapshot(to, status);
     }
 

@@ -1,4 +1,4 @@
-//! Snapshots that carry the store, and compaction of the log.
+//! Snapshots that carry the store (compaction of the log is in `compact.rs`).
 //!
 //! The core's own snapshot is a compaction point: its data is empty, because this member's store
 //! already holds that state (durably: the log is compacted only up to what the committer made
@@ -22,9 +22,8 @@
 //! entries it holds), and a crash after leaves the new state. The file goes last: one left by a
 //! crash is removed when the transport starts, as the core no longer knows its message.
 
-use bytes::Bytes;
 use cairn_kv::backend::Backend;
-use cairn_raft::{LogIndex, Message, MessageBody, Snapshot, SnapshotMeta};
+use cairn_raft::{Message, MessageBody, Snapshot, SnapshotMeta};
 
 use cairn_storage::fs::Dir;
 
@@ -196,47 +195,5 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.work.observed.push(Observed::Installed(meta.clone()));
         }
         Ok(())
-    }
-
-    /// Compacts the log up to what the store has made durable, once enough entries were applied
-    /// past the last compaction. The store's commit and fsync run on the committer; only the
-    /// log's small marker is written here.
-    pub(super) fn maybe_compact_log(&mut self) -> Result<(), StorageError> {
-        let target = self.store_durable.min(self.raft.applied_index());
-        if target.0 < self.compacted_index().0 + self.cfg.snapshot_entries {
-            return Ok(());
-        }
-        let Some(meta) = self.raft.compact_to(target, Bytes::new()) else { return Ok(()) };
-        self.wal.save_compaction(&meta)?;
-        self.wal.sync()?;
-        self.wal.compact(meta.index)?;
-        if let Some(m) = &self.cfg.metrics {
-            crate::metrics::EngineMetrics::add(&m.log_compactions, 1);
-        }
-        if self.cfg.observe {
-            self.work.observed.push(Observed::Compacted(meta));
-        }
-        Ok(())
-    }
-
-    /// Asks the committer to make the store durable once enough entries were applied past the
-    /// last compaction, so the log can be compacted up to there.
-    pub(super) fn maybe_ask_store_sync(&mut self) {
-        let applied = self.raft.applied_index();
-        let compacted = self.compacted_index();
-        if self.store_sync_pending || applied.0 < compacted.0 + self.cfg.snapshot_entries {
-            return;
-        }
-        if self.store_durable >= applied {
-            return;
-        }
-        self.store_sync_pending = true;
-        self.work.store_sync = Some(applied);
-    }
-
-    /// The index up to which the log was compacted (or a snapshot installed): the core's own
-    /// compaction point, which the WAL records too.
-    pub fn compacted_index(&self) -> LogIndex {
-        self.raft.snapshot_meta().index
     }
 }

@@ -87,6 +87,10 @@ fn configs(tag: &str, n: usize, snapshot_entries: u64) -> Vec<Member> {
             cfg.tick_interval = Duration::from_millis(20);
             cfg.request_timeout = Duration::from_secs(5);
             cfg.snapshot_entries = snapshot_entries;
+            // Little kept behind compactions or for a follower catching up, so that a member
+            // stopped for a few hundred writes needs a snapshot.
+            cfg.snapshot_catchup_entries = snapshot_entries / 4;
+            cfg.snapshot_catchup_max = 2 * snapshot_entries;
             let url = std::slice::from_ref(&urls[i]);
             let c = ClusterConfig::from_flags(&name, &initial, tag, url, url, ClusterState::New);
             cfg.cluster = Some(c.expect("flags"));
@@ -207,6 +211,9 @@ async fn a_member_behind_compacted_history_catches_up_by_snapshot() {
     let behind = (l + 1) % 3;
     let behind_id = eng(&ms[behind]).identity().1;
     stop(&mut ms[behind]);
+    // Silent for more than an election timeout (200 ms), the member counts as away: the
+    // leader keeps no entries for it and compacts past it.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let writer = (l + 2) % 3;
     for i in 0..200 {
         put_retrying(eng(&ms[writer]), &format!("k{i:03}"), &i.to_string()).await;

@@ -76,6 +76,8 @@ async fn restarts_keep_every_acknowledged_write_across_log_compaction() {
     let dir = temp_dir("restart");
     let mut cfg = EngineConfig::new("restart", &dir);
     cfg.snapshot_entries = 50;
+    // A margin well under the writes, so the log is compacted many times across the restarts.
+    cfg.snapshot_catchup_entries = 20;
     cfg.wal_segment_bytes = 16 << 10;
     for round in 0..3 {
         let e = Engine::open(cfg.clone()).unwrap();
@@ -120,6 +122,7 @@ fn crash_child_writer() {
     rt.block_on(async {
         let mut cfg = EngineConfig::new("crash", Path::new(&dir));
         cfg.snapshot_entries = 100;
+        cfg.snapshot_catchup_entries = 30;
         cfg.wal_segment_bytes = 32 << 10;
         let e = Engine::open(cfg).unwrap();
         let start: u64 = std::env::var("CAIRN_CRASH_START").unwrap().parse().unwrap();

@@ -10,6 +10,7 @@ mod defrag;
 mod embedding;
 mod engine;
 mod lease;
+mod log_retention;
 mod peer_tls;
 mod quota;
 mod replica;

@@ -15,25 +15,25 @@ use cairn_node::{
     prepare, Bootstrap, EngineError, Limits, Replica, ReplicaConfig, Reply, RequestId, RequestIds,
     StorageError,
 };
-use cairn_raft::{ConfState, Config, LogIndex, MessageBody, NodeId, Role};
+use cairn_raft::{ConfState, Config, LogIndex, Message, MessageBody, NodeId, Role};
 use cairn_storage::faulty::FaultyDir;
 
-type R = Replica<FaultyDir, MemBackend, u64>;
-type Answer = (u64, Result<Reply, EngineError>);
+pub(crate) type R = Replica<FaultyDir, MemBackend, u64>;
+pub(crate) type Answer = (u64, Result<Reply, EngineError>);
 
 const LIMITS: Limits = Limits { max_request_bytes: 1 << 20, max_txn_ops: 128 };
 
-struct Member {
-    replica: R,
+pub(crate) struct Member {
+    pub(crate) replica: R,
     committer: Committer<MemBackend>,
     disk: FaultyDir,
     ids: RequestIds,
-    answers: Vec<Answer>,
+    pub(crate) answers: Vec<Answer>,
     metrics: Arc<EngineMetrics>,
 }
 
 fn member(id: u64, voters: &[u64], snapshot_entries: u64) -> Member {
-    member_with(id, voters, snapshot_entries, None)
+    member_from(id, voters, config(id, snapshot_entries))
 }
 
 fn member_with(
@@ -42,12 +42,27 @@ fn member_with(
     snapshot_entries: u64,
     publish: Option<MemberAttributes>,
 ) -> Member {
+    let mut cfg = config(id, snapshot_entries);
+    cfg.publish = publish;
+    member_from(id, voters, cfg)
+}
+
+/// A member's configuration. It keeps no margin behind compactions and no entries for
+/// followers catching up (`log_retention.rs` tests those), so the log is compacted every
+/// `snapshot_entries` entries right up to what the store made durable, and a member cut off
+/// for a few entries needs a snapshot.
+pub(crate) fn config(id: u64, snapshot_entries: u64) -> ReplicaConfig {
     let mut raft = Config::new(NodeId(id));
     raft.seed = 7;
     let mut cfg = ReplicaConfig::new(raft);
     cfg.request_timeout_ticks = 60;
     cfg.snapshot_entries = snapshot_entries;
-    cfg.publish = publish;
+    cfg.snapshot_catchup_entries = 0;
+    cfg.snapshot_catchup_max = 0;
+    cfg
+}
+
+fn member_from(id: u64, voters: &[u64], mut cfg: ReplicaConfig) -> Member {
     let metrics = Arc::new(EngineMetrics::default());
     cfg.metrics = Some(metrics.clone());
     let store = Arc::new(Store::open(MemBackend::default()).unwrap());
@@ -61,13 +76,13 @@ fn member_with(
     Member { replica, committer, disk, ids, answers: Vec::new(), metrics }
 }
 
-fn put(key: &str, value: &str) -> Command {
+pub(crate) fn put(key: &str, value: &str) -> Command {
     let (key, value) = (key.to_string().into(), value.to_string().into());
     Command::Put(PutRequest { key, value, ..PutRequest::default() })
 }
 
 impl Member {
-    fn propose(&mut self, cmd: &Command, token: u64) -> RequestId {
+    pub(crate) fn propose(&mut self, cmd: &Command, token: u64) -> RequestId {
         let id = self.ids.next_id();
         let data = prepare(id, cmd, LIMITS).unwrap();
         self.replica.handle_propose(id, data, token);
@@ -76,33 +91,51 @@ impl Member {
 }
 
 /// Members on a lossless network; `cut` members send and receive nothing, `mute` members
-/// receive but what they send is lost.
-struct Net {
-    members: BTreeMap<u64, Member>,
-    cut: BTreeSet<u64>,
+/// receive but what they send is lost. Snapshot messages to a member in `park` wait in
+/// `parked` until the test delivers them (a transfer and install that take a while); every
+/// snapshot message sent to a member is counted in `snapshots`, and every store sync a member
+/// asks for in `syncs`.
+pub(crate) struct Net {
+    pub(crate) members: BTreeMap<u64, Member>,
+    pub(crate) cut: BTreeSet<u64>,
     mute: BTreeSet<u64>,
+    pub(crate) park: BTreeSet<u64>,
+    pub(crate) parked: Vec<Message>,
+    pub(crate) snapshots: BTreeMap<u64, usize>,
+    pub(crate) syncs: BTreeMap<u64, usize>,
 }
 
 impl Net {
     fn new(voters: &[u64], snapshot_entries: u64) -> Net {
-        let members = voters.iter().map(|&id| (id, member(id, voters, snapshot_entries))).collect();
-        Net { members, cut: BTreeSet::new(), mute: BTreeSet::new() }
+        Net::with_configs(voters, |id| config(id, snapshot_entries))
+    }
+
+    /// Members configured by `cfg` (from [`config`], changed as a test needs).
+    pub(crate) fn with_configs(voters: &[u64], cfg: impl Fn(u64) -> ReplicaConfig) -> Net {
+        let members = voters.iter().map(|&id| (id, member_from(id, voters, cfg(id)))).collect();
+        Net::of(members)
+    }
+
+    fn of(members: BTreeMap<u64, Member>) -> Net {
+        let (cut, mute, park) = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
+        let (parked, snapshots, syncs) = (Vec::new(), BTreeMap::new(), BTreeMap::new());
+        Net { members, cut, mute, park, parked, snapshots, syncs }
     }
 
     /// Members that publish their attributes ([`attributes`]).
     fn publishing(voters: &[u64], snapshot_entries: u64) -> Net {
         let member = |id| member_with(id, voters, snapshot_entries, Some(attributes(id)));
         let members = voters.iter().map(|&id| (id, member(id))).collect();
-        Net { members, cut: BTreeSet::new(), mute: BTreeSet::new() }
+        Net::of(members)
     }
 
-    fn get(&mut self, id: u64) -> &mut Member {
+    pub(crate) fn get(&mut self, id: u64) -> &mut Member {
         self.members.get_mut(&id).unwrap()
     }
 
     /// Processes every member and delivers messages until nothing moves. The committer runs
     /// after every round and syncs when asked, as its thread would.
-    fn stabilize(&mut self) {
+    pub(crate) fn stabilize(&mut self) {
         for _ in 0..1000 {
             let mut moved = false;
             let mut mail = Vec::new();
@@ -117,6 +150,7 @@ impl Net {
                 m.answers.append(&mut work.answers);
                 work.commits.drain(..).for_each(|b| m.committer.push(b));
                 if work.store_sync.take().is_some() {
+                    *self.syncs.entry(*id).or_default() += 1;
                     m.committer.want_sync();
                 }
                 if let Some(durable) = m.committer.commit().unwrap() {
@@ -125,9 +159,18 @@ impl Net {
                 }
             }
             for msg in mail {
-                if !self.cut.contains(&msg.to.0) {
-                    self.get(msg.to.0).replica.handle_message(msg);
+                let to = msg.to.0;
+                if self.cut.contains(&to) {
+                    continue;
                 }
+                if matches!(msg.body, MessageBody::Snapshot { .. }) {
+                    *self.snapshots.entry(to).or_default() += 1;
+                    if self.park.contains(&to) {
+                        self.parked.push(msg);
+                        continue;
+                    }
+                }
+                self.get(to).replica.handle_message(msg);
             }
             if !moved {
                 return;
@@ -136,7 +179,7 @@ impl Net {
         panic!("the members did not settle");
     }
 
-    fn tick_all(&mut self, ticks: usize) {
+    pub(crate) fn tick_all(&mut self, ticks: usize) {
         for _ in 0..ticks {
             for m in self.members.values_mut() {
                 m.replica.handle_tick();
@@ -145,7 +188,7 @@ impl Net {
         }
     }
 
-    fn elect(&mut self, id: u64) {
+    pub(crate) fn elect(&mut self, id: u64) {
         self.get(id).replica.campaign();
         self.stabilize();
         assert_eq!(self.get(id).replica.raft().role(), Role::Leader);

@@ -40,6 +40,10 @@ fn config(id: u64) -> ReplicaConfig {
     let mut cfg = ReplicaConfig::new(raft);
     cfg.request_timeout_ticks = 60;
     cfg.snapshot_entries = 5;
+    // Compacted right up to what was applied, and nothing kept for member 3: it must install
+    // snapshots for the faults to hit.
+    cfg.snapshot_catchup_entries = 0;
+    cfg.snapshot_catchup_max = 0;
     cfg
 }
 
