@@ -372,7 +372,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// Applied here: checkpoints. Keepalives that waited for their lease's to be cleared are
-    /// answered, and the lease runs its full TTL from now.
+    /// answered, and the lease runs its full TTL from now; unless it expired while the clear
+    /// waited for the log and its revoke is proposed: that keepalive waits for the revoke, as
+    /// one of an expired lease does (simulator stack seed 726 found a keepalive told its lease
+    /// ran 2 s more while the commit index stalled behind a follower catching up, and the
+    /// lease revoked at once).
     pub(super) fn lessor_checkpointed(&mut self, checkpoints: &[(LeaseId, i64)]) {
         let cleared = |r: &Renewal<T>| {
             r.wait == Wait::Clear && checkpoints.iter().any(|(id, left)| *id == r.id && *left == 0)
@@ -380,12 +384,19 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let (done, wait): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.renewals).into_iter().partition(cleared);
         self.renewals = wait;
+        let clock = self.lessor.clock.clone();
         for r in done {
             let answer = match self.store.lease(r.id) {
                 Some(lease) => {
+                    // Looked at and renewed under one lock, as `renew_confirmed` does.
+                    let mut s = clock.lock();
+                    if s.revoking.contains(&r.id) {
+                        drop(s);
+                        self.renewals.push(Renewal { wait: Wait::Revoke, ..r });
+                        continue;
+                    }
                     let at = self.ticks + self.lease_ticks(lease.ttl);
-                    let clock = self.lessor.clock.clone();
-                    self.lessor.schedule(&mut clock.lock(), r.id, at);
+                    self.lessor.schedule(&mut s, r.id, at);
                     Ok(Reply::LeaseRenewed { ttl: lease.ttl })
                 }
                 None => Err(EngineError::Kv(cairn_kv::KvError::LeaseNotFound)),
