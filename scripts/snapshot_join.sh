@@ -33,7 +33,8 @@ PIDS+=($!)
 sleep 1
 "$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 32 --total "$PUTS" --value-size "$VALUE" put >/dev/null
 echo "store: $(du -sb "$D/m0/member/db" | cut -f1) bytes of LMDB file after $PUTS puts of $VALUE bytes"
-writes() { "$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 16 --total 150000 --value-size 256 put | grep Throughput; }
+WRITES=${WRITES:-150000}
+writes() { "$B" bench --endpoints "127.0.0.1:$C0" --conns 4 --clients 16 --total "$WRITES" --value-size 256 put | grep Throughput; }
 echo "writes before the join: $(writes)"
 ETCDCTL_API=3 "$CTL" --endpoints "127.0.0.1:$C0" member add m1 --learner --peer-urls="http://127.0.0.1:$P1" >/dev/null
 started=$(date +%s.%N)
@@ -51,6 +52,7 @@ for _ in $(seq 1 3000); do
   now=$(awk '/RssAnon/ {print $2}' "/proc/$learner/status" 2>/dev/null || echo 0)
   [ "${now:-0}" -gt "$anon" ] && anon=$now
   a0=$(applied "$C0" || true); a1=$(applied "$C1" || true)
+  [ -n "$a0" ] && echo "$(date +%s.%N) $a0" >> "$D/samples"
   if [ -n "$a0" ] && [ -n "$a1" ] && [ "$a1" -gt 1000 ] && [ "$a1" -ge $((a0 - 200)) ]; then break; fi
   sleep 0.05
 done
@@ -59,6 +61,33 @@ wait "$writer"
 echo "writes during the join: $(cat "$D/during.txt")"
 grep -h "sent a snapshot peer" "$D/m0.log" | sed 's/^/  leader: /'
 grep -h "installed a snapshot" "$D/m1.log" | sed 's/^/  learner: /'
+# The leader's applied entries per second while it sent each snapshot and while the learner
+# installed it, from the samples above and the two logs' times.
+python3 - "$D" <<'PY'
+import datetime, re, sys
+d = sys.argv[1]
+samples = [tuple(map(float, l.split())) for l in open(f"{d}/samples")]
+def at(t):
+    for (t0, a0), (t1, a1) in zip(samples, samples[1:]):
+        if t0 <= t <= t1:
+            return a0 + (a1 - a0) * (t - t0) / (t1 - t0)
+    return None
+def stamp(line):
+    return datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
+def rate(a, b):
+    x, y = at(a), at(b)
+    return "n/a (outside the samples)" if x is None or y is None or b <= a else f"{(y - x) / (b - a):,.0f}/s over {b - a:.2f} s"
+sent = [l for l in open(f"{d}/m0.log") if "sent a snapshot peer" in l]
+installed = [stamp(l) for l in open(f"{d}/m1.log") if "installed a snapshot" in l]
+for line in sent:
+    end = stamp(line)
+    took = re.search(r"took=([0-9.]+)(ms|s)", line)
+    secs = float(took.group(1)) / (1000 if took.group(2) == "ms" else 1)
+    print(f"  writes applied while sending: {rate(end - secs, end)}")
+    done = [t for t in installed if t >= end]
+    if done:
+        print(f"  writes applied while the learner installed: {rate(end, done[0])}")
+PY
 echo "leader's memory: anonymous $(awk '/RssAnon/ {print $2, $3}' "/proc/${PIDS[0]}/status") at the end"
 echo "learner's memory: peak RSS $(awk '/VmHWM/ {print $2, $3}' "/proc/$learner/status") (with the pages of files it maps), anonymous at most $anon kB (sampled every 50 ms)"
 echo "LMDB files: leader $(du -sb "$D/m0/member/db" | cut -f1) bytes, learner $(du -sb "$D/m1/member/db" | cut -f1) bytes"

@@ -14,12 +14,18 @@ use crate::cluster::ClusterConfig;
 /// etcd's `DefaultSnapshotCatchUpEntries`: entries kept behind every compaction of the log.
 pub const DEFAULT_SNAPSHOT_CATCHUP_ENTRIES: u64 = 5_000;
 
-/// Entries a leader keeps at most for followers catching up, beyond the margin: ten times the
-/// default `--snapshot-count`. A count, not bytes, because the log is bounded by counts
-/// already (`--snapshot-count` plus the margin, each entry at most `--max-request-bytes`), so
-/// this multiplies its worst case by a known factor; the core keeps no running total of entry
-/// sizes, and summing them at every decision would cost a pass over the held entries.
-pub const DEFAULT_SNAPSHOT_CATCHUP_MAX: u64 = 100_000;
+/// Entries a leader keeps at most for followers catching up, beyond the margin. With 100,000 (the
+/// first choice), a learner joining at 50 MB/s (`--snapshot-send-rate`) while 19,000 writes a
+/// second went on needed a second snapshot: the 410 MB image took 5 s to send, 500,000 entries
+/// cover 25 s of that. [`DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES`] bounds what they cost.
+pub const DEFAULT_SNAPSHOT_CATCHUP_MAX: u64 = 500_000;
+
+/// The most the leader's log may hold in memory (its entries' bytes, as the core counts them)
+/// while it keeps entries for followers catching up: past it, compaction goes on as if no
+/// follower needed them, and a follower that did gets another snapshot. The log's bytes with
+/// no follower behind are bounded by counts alone (`--snapshot-count` plus the margin); this
+/// bounds what a slow follower adds, whatever the entries' sizes.
+pub const DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES: u64 = 256 << 20;
 
 /// How to open an [`crate::Engine`].
 #[derive(Clone, Debug)]
@@ -64,8 +70,11 @@ pub struct EngineConfig {
     /// answering (cairn's own; etcd instead skips compaction while a snapshot is in flight and
     /// for 30 s after). The bound is what one slow follower may cost the leader's memory and
     /// disk; a follower that needs more gets another snapshot. 0 keeps nothing for them.
-    /// Default 100,000 (ten times the default `snapshot_entries`).
+    /// Default 500,000 ([`DEFAULT_SNAPSHOT_CATCHUP_MAX`]).
     pub snapshot_catchup_max: u64,
+    /// The most the leader's log may hold in memory while it keeps entries for followers
+    /// catching up; default 256 MiB ([`DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES`]).
+    pub snapshot_catchup_max_bytes: u64,
     /// Size of one write-ahead log segment file. Default 64 MiB.
     pub wal_segment_bytes: u64,
     /// The cluster this member belongs to, from etcd's cluster flags. `None` (the default)
@@ -132,6 +141,7 @@ impl EngineConfig {
             snapshot_entries: 10_000,
             snapshot_catchup_entries: DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
             snapshot_catchup_max: DEFAULT_SNAPSHOT_CATCHUP_MAX,
+            snapshot_catchup_max_bytes: DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES,
             wal_segment_bytes: 64 << 20,
             read_mode: ReadMode::Safe,
             cluster: None,
@@ -216,6 +226,9 @@ pub struct ReplicaConfig {
     /// Entries a leader keeps at most beyond that margin for followers that are catching up
     /// ([`EngineConfig::snapshot_catchup_max`]); 0 keeps none.
     pub snapshot_catchup_max: u64,
+    /// The most the log may hold in memory while entries are kept for followers catching up
+    /// ([`EngineConfig::snapshot_catchup_max_bytes`]).
+    pub snapshot_catchup_max_bytes: u64,
     /// Report every entry persisted and applied, and every snapshot taken or installed, in
     /// [`crate::Observed`]. For simulators and tests; it costs a copy of each entry.
     pub observe: bool,
@@ -260,6 +273,7 @@ impl ReplicaConfig {
             snapshot_entries: 10_000,
             snapshot_catchup_entries: DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
             snapshot_catchup_max: DEFAULT_SNAPSHOT_CATCHUP_MAX,
+            snapshot_catchup_max_bytes: DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES,
             observe: false,
             publish: None,
             tick_micros: 100_000,

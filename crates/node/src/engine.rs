@@ -156,6 +156,7 @@ fn replica_config(
     rc.snapshot_entries = cfg.snapshot_entries;
     rc.snapshot_catchup_entries = cfg.snapshot_catchup_entries;
     rc.snapshot_catchup_max = cfg.snapshot_catchup_max;
+    rc.snapshot_catchup_max_bytes = cfg.snapshot_catchup_max_bytes;
     // A single member has no one to tell: its log stays as it always was.
     if cfg.cluster.is_some() {
         rc.publish = Some(MemberAttributes {

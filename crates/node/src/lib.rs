@@ -74,7 +74,7 @@ pub use config::ReplicaBug;
 pub use config::ReplicaConfig;
 pub use config::{
     min_lease_ttl, AutoPromote, EngineConfig, ReadMode, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
-    DEFAULT_SNAPSHOT_CATCHUP_MAX,
+    DEFAULT_SNAPSHOT_CATCHUP_MAX, DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES,
 };
 pub use engine::{
     added_member_id, Engine, KeepAlive, LeaseConfirmed, LeaseRound, LeaseTimeToLive, Member,

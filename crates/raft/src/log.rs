@@ -24,6 +24,13 @@ pub(crate) struct RaftLog {
     /// The last index known to be on this node's disk.
     /// Invariant: `persisted <= last_index()`; entries above it are in the next `Ready`.
     persisted: LogIndex,
+    /// Invariant: the sum of `entries`' [`Entry::size_bytes`]: what the log holds in memory,
+    /// which bounds how much a leader keeps for followers catching up.
+    bytes: u64,
+}
+
+fn size_of(entries: &[Entry]) -> u64 {
+    entries.iter().map(Entry::size_bytes).sum()
 }
 
 /// What a `Ready` handed out of the log, so that `advance` knows what is now durable and applied.
@@ -48,6 +55,7 @@ impl RaftLog {
         RaftLog {
             snapshot,
             pending_snapshot: false,
+            bytes: size_of(&entries),
             entries,
             committed,
             applied: snap_index,
@@ -77,6 +85,11 @@ impl RaftLog {
 
     pub(crate) fn persisted(&self) -> LogIndex {
         self.persisted
+    }
+
+    /// The bytes of the entries held (their [`Entry::size_bytes`]).
+    pub(crate) fn bytes(&self) -> u64 {
+        self.bytes
     }
 
     pub(crate) fn snapshot(&self) -> &Snapshot {
@@ -119,6 +132,7 @@ impl RaftLog {
         for e in entries {
             debug_assert_eq!(e.index, self.last_index().next());
             debug_assert!(e.term >= self.last_term());
+            self.bytes += e.size_bytes();
             self.entries.push(e);
         }
         self.last_index()
@@ -147,6 +161,7 @@ impl RaftLog {
                 self.committed
             );
             self.truncate_from(from);
+            self.bytes += size_of(&entries[pos..]);
             self.entries.extend_from_slice(&entries[pos..]);
         }
         Some(last_new)
@@ -155,6 +170,7 @@ impl RaftLog {
     /// Drops entries from `index` on; the next `Ready` tells the driver to overwrite them.
     fn truncate_from(&mut self, index: LogIndex) {
         let keep = self.offset(index);
+        self.bytes -= size_of(&self.entries[keep..]);
         self.entries.truncate(keep);
         self.persisted = self.persisted.min(index.prev());
     }
@@ -209,6 +225,7 @@ impl RaftLog {
         let index = snapshot.meta.index;
         self.committed = self.committed.max(index);
         self.entries.clear();
+        self.bytes = 0;
         self.snapshot = snapshot;
         self.pending_snapshot = true;
         self.persisted = self.persisted.min(index);
@@ -225,6 +242,7 @@ impl RaftLog {
         assert!(index <= self.applied, "compacting to {index} beyond applied {}", self.applied);
         assert_eq!(self.term(index), Some(snapshot.meta.term), "snapshot term mismatch");
         let drop = self.offset(index) + 1;
+        self.bytes -= size_of(&self.entries[..drop]);
         self.entries.drain(..drop);
         self.snapshot = snapshot;
         true
@@ -295,6 +313,7 @@ impl RaftLog {
         }
         assert!(self.committed <= self.last_index(), "committed beyond log");
         assert!(self.applied <= self.committed, "applied beyond committed");
+        assert_eq!(self.bytes, size_of(&self.entries), "the log's byte count is off");
         assert!(self.persisted <= self.last_index(), "persisted beyond log");
         if !self.pending_snapshot {
             assert!(snap <= self.applied, "snapshot beyond applied");

@@ -383,6 +383,11 @@ impl Raft {
         &self.log.snapshot().meta
     }
 
+    /// The bytes of the entries the log holds in memory (each entry's `size_bytes`).
+    pub fn log_bytes(&self) -> u64 {
+        self.log.bytes()
+    }
+
     /// The configuration as of the applied index.
     pub fn conf_state(&self) -> &ConfState {
         self.tracker.conf()

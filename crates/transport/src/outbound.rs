@@ -405,8 +405,8 @@ impl Snapshots {
             let mut out = Outgoing::new(msg, image_id, source);
             let delivered = match stream_out::send(&link, &addrs, &mut out, rate, &stats).await {
                 Ok(()) => {
-                    let took = started.elapsed();
-                    tracing::info!(peer = %hex(to), index, ?took, "sent a snapshot");
+                    let (took, bytes) = (started.elapsed(), out.image_bytes());
+                    tracing::info!(peer = %hex(to), index, bytes, ?took, "sent a snapshot");
                     true
                 }
                 Err(e) => {

@@ -58,6 +58,11 @@ impl Outgoing {
         Outgoing { msg, image_id, source: Some(source), pos: 0, crc: 0 }
     }
 
+    /// The image's bytes read so far (all of it, once sent).
+    pub(crate) fn image_bytes(&self) -> u64 {
+        self.pos
+    }
+
     /// The next at most `max` bytes, read on a blocking thread.
     async fn next(&mut self, max: usize) -> Result<Option<Bytes>, DialError> {
         let mut source = self.source.take().ok_or_else(|| source_err("the image is gone"))?;

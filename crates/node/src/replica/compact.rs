@@ -17,13 +17,15 @@
 //!   past the image's index (bench/results/2026-11-28-snapshot-join.md). etcd skips compaction
 //!   altogether while any snapshot is in flight and for 30 s after; this holds only what the
 //!   follower needs, for as long as it needs it, and never more than
-//!   [`ReplicaConfig::snapshot_catchup_max`] entries beyond the margin, so one slow follower
-//!   cannot make the leader's memory and log grow without bound: past that, it gets another
-//!   snapshot. A follower that is down or cut off holds nothing.
+//!   [`ReplicaConfig::snapshot_catchup_max`] entries beyond the margin, and nothing once the log
+//!   holds [`ReplicaConfig::snapshot_catchup_max_bytes`] (the core counts its entries' bytes),
+//!   so one slow follower cannot make the leader's memory and log grow without bound: past
+//!   that, it gets another snapshot. A follower that is down or cut off holds nothing.
 //!
 //! [`ReplicaConfig::snapshot_entries`]: crate::ReplicaConfig::snapshot_entries
 //! [`ReplicaConfig::snapshot_catchup_entries`]: crate::ReplicaConfig::snapshot_catchup_entries
 //! [`ReplicaConfig::snapshot_catchup_max`]: crate::ReplicaConfig::snapshot_catchup_max
+//! [`ReplicaConfig::snapshot_catchup_max_bytes`]: crate::ReplicaConfig::snapshot_catchup_max_bytes
 
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
@@ -106,6 +108,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// already compacted gets a snapshot whatever the log keeps now.
     fn catchup_hold(&self) -> Option<LogIndex> {
         if self.raft.role() != Role::Leader || self.cfg.snapshot_catchup_max == 0 {
+            return None;
+        }
+        if self.raft.log_bytes() > self.cfg.snapshot_catchup_max_bytes {
+            tracing::debug!(bytes = self.raft.log_bytes(), "the log is too large to hold more");
             return None;
         }
         let compacted = self.compacted_index();

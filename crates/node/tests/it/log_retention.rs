@@ -212,3 +212,29 @@ fn a_slow_follower_holds_back_no_more_than_the_bound() {
     assert_converged(&mut net);
     assert!(net.snapshots[&3] >= 2);
 }
+
+/// The hold also stops once the leader's log holds [`ReplicaConfig::snapshot_catchup_max_bytes`]:
+/// the entry bound alone would let large entries hold gigabytes.
+#[test]
+fn a_slow_follower_holds_back_no_more_than_the_byte_bound() {
+    let mut net = Net::with_configs(&[1, 2, 3], |id| {
+        let mut cfg = config(id, EVERY);
+        cfg.snapshot_catchup_entries = MARGIN;
+        cfg.snapshot_catchup_max = 1_000;
+        // About 20 of the puts `write` makes, with the margin's and the interval's entries.
+        cfg.snapshot_catchup_max_bytes = 3_000;
+        cfg
+    });
+    net.stabilize();
+    net.elect(1);
+    behind_and_sent_a_snapshot(&mut net);
+    let bytes_bound = 3_000;
+    let longest = write(&mut net, "b", 150);
+    assert!(longest > MARGIN + EVERY, "the leader held entries for member 3: {longest}");
+    let bytes = net.get(1).replica.raft().log_bytes();
+    assert!(bytes < bytes_bound * 2, "the log holds {bytes} bytes");
+    assert!(longest < 150, "the leader kept {longest} entries: the byte bound did not stop it");
+    deliver(&mut net);
+    assert_converged(&mut net);
+    assert!(net.snapshots[&3] >= 2);
+}
