@@ -52,7 +52,8 @@ for _ in $(seq 1 3000); do
   now=$(awk '/RssAnon/ {print $2}' "/proc/$learner/status" 2>/dev/null || echo 0)
   [ "${now:-0}" -gt "$anon" ] && anon=$now
   a0=$(applied "$C0" || true); a1=$(applied "$C1" || true)
-  [ -n "$a0" ] && echo "$(date +%s.%N) $a0" >> "$D/samples"
+  cpu0=$(awk '{print $14 + $15}' "/proc/${PIDS[0]}/stat"); cpu1=$(awk '{print $14 + $15}' "/proc/$learner/stat" 2>/dev/null || echo 0)
+  [ -n "$a0" ] && echo "$(date +%s.%N) $a0 $cpu0 $cpu1" >> "$D/samples"
   if [ -n "$a0" ] && [ -n "$a1" ] && [ "$a1" -gt 1000 ] && [ "$a1" -ge $((a0 - 200)) ]; then break; fi
   sleep 0.05
 done
@@ -67,8 +68,10 @@ python3 - "$D" <<'PY'
 import datetime, re, sys
 d = sys.argv[1]
 samples = [tuple(map(float, l.split())) for l in open(f"{d}/samples")]
-def at(t):
-    for (t0, a0), (t1, a1) in zip(samples, samples[1:]):
+HZ = 100  # clock ticks a second in /proc/<pid>/stat
+def at(t, col=1):
+    for s0, s1 in zip(samples, samples[1:]):
+        (t0, a0), (t1, a1) = (s0[0], s0[col]), (s1[0], s1[col])
         if t0 <= t <= t1:
             return a0 + (a1 - a0) * (t - t0) / (t1 - t0)
     return None
@@ -76,7 +79,10 @@ def stamp(line):
     return datetime.datetime.fromisoformat(line.split()[0].replace("Z", "+00:00")).timestamp()
 def rate(a, b):
     x, y = at(a), at(b)
-    return "n/a (outside the samples)" if x is None or y is None or b <= a else f"{(y - x) / (b - a):,.0f}/s over {b - a:.2f} s"
+    if x is None or y is None or b <= a:
+        return "n/a (outside the samples)"
+    cpu = [(at(b, c) - at(a, c)) / HZ / (b - a) for c in (2, 3)]
+    return f"{(y - x) / (b - a):,.0f}/s over {b - a:.2f} s; CPU: leader {cpu[0]:.2f}, learner {cpu[1]:.2f} cores"
 sent = [l for l in open(f"{d}/m0.log") if "sent a snapshot peer" in l]
 installed = [stamp(l) for l in open(f"{d}/m1.log") if "installed a snapshot" in l]
 for line in sent:

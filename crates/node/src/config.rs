@@ -14,11 +14,12 @@ use crate::cluster::ClusterConfig;
 /// etcd's `DefaultSnapshotCatchUpEntries`: entries kept behind every compaction of the log.
 pub const DEFAULT_SNAPSHOT_CATCHUP_ENTRIES: u64 = 5_000;
 
-/// Entries a leader keeps at most for followers catching up, beyond the margin. With 100,000 (the
-/// first choice), a learner joining at 50 MB/s (`--snapshot-send-rate`) while 19,000 writes a
-/// second went on needed a second snapshot: the 410 MB image took 5 s to send, 500,000 entries
-/// cover 25 s of that. [`DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES`] bounds what they cost.
-pub const DEFAULT_SNAPSHOT_CATCHUP_MAX: u64 = 500_000;
+/// Entries a leader keeps at most for followers catching up, beyond the margin: a guard on the
+/// count, while [`DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES`] bounds what they cost. With 100,000 (the
+/// first choice), a learner joining at 50 MB/s (`--snapshot-send-rate`) under 19,000 writes a
+/// second needed a second snapshot (its 410 MB image took 5 s to send); with 500,000, one
+/// joining a 1 GB store so (25 s to send, 8 s to install, some 510,000 entries) did.
+pub const DEFAULT_SNAPSHOT_CATCHUP_MAX: u64 = 2_000_000;
 
 /// The most the leader's log may hold in memory (its entries' bytes, as the core counts them)
 /// while it keeps entries for followers catching up: past it, compaction goes on as if no
@@ -70,7 +71,7 @@ pub struct EngineConfig {
     /// answering (cairn's own; etcd instead skips compaction while a snapshot is in flight and
     /// for 30 s after). The bound is what one slow follower may cost the leader's memory and
     /// disk; a follower that needs more gets another snapshot. 0 keeps nothing for them.
-    /// Default 500,000 ([`DEFAULT_SNAPSHOT_CATCHUP_MAX`]).
+    /// Default 2,000,000 ([`DEFAULT_SNAPSHOT_CATCHUP_MAX`]).
     pub snapshot_catchup_max: u64,
     /// The most the leader's log may hold in memory while it keeps entries for followers
     /// catching up; default 256 MiB ([`DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES`]).
