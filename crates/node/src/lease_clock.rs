@@ -287,7 +287,7 @@ mod tests {
     const TICK: Duration = Duration::from_millis(100);
 
     fn lease(id: i64, ttl: i64) -> Lease {
-        Lease { id: LeaseId(id), ttl, remaining_ttl: 0 }
+        Lease { id: LeaseId(id), ttl, remaining_ttl: 0, grant_index: 1 }
     }
 
     /// A leader's clock whose driver started `ago` before `now` at tick 0, with lease 1

@@ -3,8 +3,9 @@
 //!
 //! Which leases exist, their TTLs and the keys they hold are replicated state (the store's).
 //! When one expires is decided by the leader alone, on its ticks, and carried out as a
-//! `LeaseRevoke` through Raft, so a member that is not leader never revokes, and a revoke is
-//! applied everywhere at the same point of the log. Followers keep no clock for leases.
+//! `LeaseExpire` through Raft (a revoke of the grant it found expired, named by the grant's
+//! log index), so a member that is not leader never revokes, and a revoke is applied
+//! everywhere at the same point of the log. Followers keep no clock for leases.
 //!
 //! Taking over leadership must not cost O(leases) at once (etcd issue 9496): a new leader
 //! schedules the leases it inherits a page per tick, each at `promotion + grace + remaining`
@@ -479,11 +480,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             }
             self.lessor.queued.remove(&id);
             let Some(&expires) = s.expiry.get(&id) else { continue };
-            if self.store.lease(id).is_none() {
+            let Some(lease) = self.store.lease(id) else {
                 s.expiry.remove(&id);
                 s.revoking.remove(&id);
                 continue; // revoked
-            }
+            };
             if expires > now {
                 // Renewed since it was queued: look again at the new expiry.
                 self.lessor.queued.insert(id, expires);
@@ -497,11 +498,14 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             // lease live 5 s longer per transfer (simulator seed 13 of the stack mix with
             // leases).
             s.revoking.insert(id);
-            let retry = if self.propose_own(Command::LeaseRevoke { id }) {
-                now + REVOKE_RETRY_TICKS
-            } else {
-                now + 1
-            };
+            // It names the grant it found expired: this proposal, or the retry below, may commit
+            // after the lease was revoked and granted again under the same id, and must then
+            // leave the new grant alone. Simulator stack seed 3183 found a retry applied after a
+            // client's grant, 5734 a first proposal behind a client's revoke and grant this
+            // store had not applied yet. etcd's revoke by id alone, retried after 3 s, has
+            // the same race.
+            let expire = Command::LeaseExpire { id, grant_index: lease.grant_index };
+            let retry = if self.propose_own(expire) { now + REVOKE_RETRY_TICKS } else { now + 1 };
             self.lessor.queued.insert(id, retry);
             self.lessor.queue.push(Reverse((retry, id)));
             budget -= 1;
