@@ -544,7 +544,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             let (Some(lease), Some(expires)) = (self.store.lease(id), s.expiry.get(&id)) else {
                 continue;
             };
-            if !clearing.contains(&id) {
+            // Nor of one found expired, whose revoke is on its way: without it a new leader
+            // counts down from the previous checkpoint, later, never earlier, and it could
+            // land after a client revoked the lease and granted the id anew (in stack seed
+            // 3183 one did, and the new grant counted down from it).
+            if !clearing.contains(&id) && !s.revoking.contains(&id) {
                 let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
                 batch.push((id, left));
             }
