@@ -278,19 +278,23 @@ pub fn decode_alarms(mut raw: &[u8]) -> Result<BTreeSet<AlarmMember>, BackendErr
     Ok(out)
 }
 
-/// A lease as stored: `ttl i64 | remaining_ttl i64` (big endian; the id is the key).
+/// A lease as stored: `ttl i64 | remaining_ttl i64 | grant_index u64` (big endian; the id is
+/// the key). Records an older cairn wrote end before `grant_index`, read as 0.
 pub fn encode_lease(l: &Lease) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16);
+    let mut out = Vec::with_capacity(24);
     out.put_i64(l.ttl);
     out.put_i64(l.remaining_ttl);
+    out.put_u64(l.grant_index);
     out
 }
 
 pub fn decode_lease(id: LeaseId, mut raw: &[u8]) -> Result<Lease, BackendError> {
-    if raw.len() != 16 {
+    if raw.len() != 16 && raw.len() != 24 {
         return Err(BackendError::Corrupt("lease record of the wrong size"));
     }
-    Ok(Lease { id, ttl: raw.get_i64(), remaining_ttl: raw.get_i64() })
+    let (ttl, remaining_ttl) = (raw.get_i64(), raw.get_i64());
+    let grant_index = if raw.is_empty() { 0 } else { raw.get_u64() };
+    Ok(Lease { id, ttl, remaining_ttl, grant_index })
 }
 
 /// A consistent read view of the backend.

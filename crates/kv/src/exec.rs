@@ -42,6 +42,8 @@ pub(crate) struct Exec<'a, V: BackendView> {
     pub(crate) leases: &'a mut LeaseTable,
     /// The auth store, with this batch's changes.
     pub(crate) auth: &'a mut Arc<AuthState>,
+    /// The Raft index of the entry being executed: a grant records it.
+    pub(crate) raft_index: u64,
 }
 
 /// Reads at a revision: from the index, committed records, and (on the apply path) the records
@@ -176,6 +178,9 @@ impl<V: BackendView> Exec<'_, V> {
             }
             Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
             Command::LeaseRevoke { id } => self.lease_revoke(&mut w, *id),
+            Command::LeaseExpire { id, grant_index } => {
+                self.lease_expire(&mut w, *id, *grant_index)
+            }
             Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
             Command::AlarmActivate(a) => Ok(self.alarm(*a, true)),
             Command::AlarmDeactivate(a) => Ok(self.alarm(*a, false)),

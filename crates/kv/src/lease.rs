@@ -87,7 +87,7 @@ impl<V: BackendView> Exec<'_, V> {
         if self.leases.contains(id) {
             return Err(KvError::LeaseExist);
         }
-        let lease = Lease { id, ttl, remaining_ttl: 0 };
+        let lease = Lease { id, ttl, remaining_ttl: 0, grant_index: self.raft_index };
         self.leases.leases.insert(id, lease);
         self.batch.leases.push((id, Some(encode_lease(&lease))));
         Ok(CommandResponse::LeaseGrant { revision: self.current, lease })
@@ -110,6 +110,20 @@ impl<V: BackendView> Exec<'_, V> {
         self.leases.keys.remove(&id);
         self.batch.leases.push((id, None));
         Ok(CommandResponse::LeaseRevoke { revision: self.read_rev(w) })
+    }
+
+    /// The leader's revoke of the grant at `grant_index` ([`crate::Command::LeaseExpire`]):
+    /// a later grant under the same id is not the lease it found expired.
+    pub(crate) fn lease_expire(
+        &mut self,
+        w: &mut Writer,
+        id: LeaseId,
+        grant_index: u64,
+    ) -> Result<CommandResponse, KvError> {
+        if self.leases.get(id).is_none_or(|l| l.grant_index != grant_index) {
+            return Err(KvError::LeaseNotFound);
+        }
+        self.lease_revoke(w, id)
     }
 
     pub(crate) fn lease_checkpoint(&mut self, checkpoints: &[(LeaseId, i64)]) -> CommandResponse {

@@ -195,9 +195,15 @@ impl Model {
     /// Members (beside the key space): a publish sets name and client URLs unless the member
     /// was removed; the membership sets peer URLs or marks members removed.
     pub fn apply(&mut self, cmd: &Command) -> Result<CommandResponse, KvError> {
+        self.apply_at(0, cmd)
+    }
+
+    /// [`Model::apply`] of the command at Raft index `index`, which a grant records (see
+    /// [`Lease::grant_index`]).
+    pub fn apply_at(&mut self, index: u64, cmd: &Command) -> Result<CommandResponse, KvError> {
         if let Command::Authorized { caller, command } = cmd {
             self.auth.authorize(caller, command, |id| self.lease_keys(id))?;
-            return self.apply(command);
+            return self.apply_at(index, command);
         }
         let mut scratch = self.clone();
         let mut tx =
@@ -231,7 +237,8 @@ impl Model {
             }
             Command::LeaseGrant { .. }
             | Command::LeaseRevoke { .. }
-            | Command::LeaseCheckpoint { .. } => scratch.lease(&mut tx, cmd),
+            | Command::LeaseExpire { .. }
+            | Command::LeaseCheckpoint { .. } => scratch.lease(&mut tx, cmd, index),
             Command::AlarmActivate(a) if a.alarm == AlarmType::None => {
                 Ok(CommandResponse::Alarm(None))
             }
@@ -257,15 +264,27 @@ impl Model {
     }
 
     /// The lease commands' part of [`Model::apply`].
-    fn lease(&mut self, tx: &mut Tx, cmd: &Command) -> Result<CommandResponse, KvError> {
+    fn lease(
+        &mut self,
+        tx: &mut Tx,
+        cmd: &Command,
+        index: u64,
+    ) -> Result<CommandResponse, KvError> {
         match cmd {
             Command::LeaseGrant { id, ttl } => {
                 if self.leases.contains_key(id) {
                     return Err(KvError::LeaseExist);
                 }
-                let lease = Lease { id: *id, ttl: *ttl, remaining_ttl: 0 };
+                let lease = Lease { id: *id, ttl: *ttl, remaining_ttl: 0, grant_index: index };
                 self.leases.insert(*id, lease);
                 Ok(CommandResponse::LeaseGrant { revision: self.current, lease })
+            }
+            Command::LeaseExpire { id, grant_index } => {
+                // Only the grant the leader found expired; a later one under the id stays.
+                if self.leases.get(id).is_none_or(|l| l.grant_index != *grant_index) {
+                    return Err(KvError::LeaseNotFound);
+                }
+                self.lease(tx, &Command::LeaseRevoke { id: *id }, index)
             }
             Command::LeaseRevoke { id } => {
                 if self.leases.remove(id).is_none() {

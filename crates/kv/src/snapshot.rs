@@ -12,8 +12,8 @@
 //! ```text
 //! offset  size  field
 //!      0     8  magic "CAIRNKVI"
-//!      8     4  format version, u32 (5; 4 had no alarm section, 3 no auth section, 2 no lease
-//!               section, 1 no member section)
+//!      8     4  format version, u32 (6; 5 had no lease grant indexes, 4 no alarm section, 3
+//!               no auth section, 2 no lease section, 1 no member section)
 //!     12     8  applied_index, u64: the last Raft index the state includes
 //!     20     8  current, i64: the store's revision
 //!     28     8  compacted, i64: reads below it fail as compacted (-1: never compacted)
@@ -25,7 +25,7 @@
 //!                 id u64 | len u64 | len bytes of `MemberAttributes::encode`
 //!            8  lease count l, u64 (version 3)
 //!               l leases, in increasing id order, each:
-//!                 id i64 | ttl i64 | remaining_ttl i64
+//!                 id i64 | ttl i64 | remaining_ttl i64 | grant_index u64 (version 6)
 //!            8  auth store length a, u64 (version 4)
 //!               a bytes of `AuthState::encode`
 //!            8  alarm section length r, u64 (version 5)
@@ -41,8 +41,9 @@
 //! attributes must decode, in increasing id order; so must every lease, with a non-zero id and
 //! a positive TTL; the auth store and the alarms must decode. Nothing after them but the
 //! checksum. Version 2 images (no leases) are read as holding none, version 3 ones (no auth
-//! section) as a new auth store, and images before version 5 as saying nothing about alarms
-//! (an installing member keeps its own).
+//! section) as a new auth store, images before version 5 as saying nothing about alarms
+//! (an installing member keeps its own), and leases of images before version 6 as granted at
+//! index 0, as an older cairn's stored leases are read.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::fmt;
@@ -58,7 +59,9 @@ mod read;
 use read::{parse, Cursor, Input};
 
 const MAGIC: [u8; 8] = *b"CAIRNKVI";
-const VERSION: u32 = 5;
+const VERSION: u32 = 6;
+/// The version before leases carried their grant's index, still read.
+const VERSION_NO_GRANT_INDEX: u32 = 5;
 /// The version before the alarm section, still read.
 const VERSION_NO_ALARMS: u32 = 4;
 /// The version before the auth section, still read.
@@ -276,6 +279,7 @@ pub(crate) fn put_tail(buf: &mut Vec<u8>, tail: Tail<'_>) {
         buf.put_i64(lease.id.0);
         buf.put_i64(lease.ttl);
         buf.put_i64(lease.remaining_ttl);
+        buf.put_u64(lease.grant_index);
     }
     let auth = auth.encode();
     buf.put_u64(auth.len() as u64);
@@ -351,6 +355,11 @@ impl Image {
     pub fn for_new_cluster(mut self, applied_index: u64) -> Image {
         self.meta.applied_index = applied_index;
         self.members.clear();
+        // The indexes the leases were granted at belong to the old log; the new one starts
+        // below them, and a grant there must never be taken for one of them.
+        for lease in self.leases.values_mut() {
+            lease.grant_index = 0;
+        }
         self
     }
 

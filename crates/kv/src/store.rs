@@ -355,6 +355,7 @@ impl<B: Backend> Store<B> {
             leases: &mut inner.leases,
             alarms: &mut inner.alarms,
             auth: &mut inner.auth,
+            raft_index: 0,
         };
         let (outcomes, revisions, failure) = execute_all(&mut exec, entries, before);
         self.auth_enabled.store(exec.auth.enabled, Ordering::Release);
@@ -510,6 +511,7 @@ fn execute_all<V: BackendView>(
         let outcome = match cmd {
             Some(cmd) if *raft_index > before => {
                 let rev_before = exec.current;
+                exec.raft_index = *raft_index;
                 let r = exec.execute(cmd);
                 if let Err(KvError::Backend(e)) = &r {
                     return (outcomes, revisions, Some(e.clone()));

@@ -373,6 +373,12 @@ pub struct Lease {
     /// Seconds left at the last checkpoint; 0 when none was taken since the grant or the last
     /// keepalive. A new leader counts down from here instead of from the full TTL.
     pub remaining_ttl: i64,
+    /// The Raft index of the entry that granted it, which tells this grant apart from a later
+    /// one under the same id: the leader's revoke of an expired lease names it, so a revoke
+    /// that commits after the lease was revoked and granted again leaves the new grant alone.
+    /// 0 for a lease granted before cairn recorded it, or restored from a backup (whose log
+    /// is gone).
+    pub grant_index: u64,
 }
 
 /// etcd's largest lease TTL, in seconds (`MaxLeaseTTL`).
@@ -459,6 +465,17 @@ pub enum Command {
     LeaseRevoke {
         /// The lease revoked.
         id: LeaseId,
+    },
+    /// The leader's revoke of a lease it found expired: a [`Command::LeaseRevoke`] of the grant
+    /// made at Raft index `grant_index` only. Between the proposal and its commit the lease
+    /// may be revoked and granted again under the same id (a client's revoke and grant, or an
+    /// earlier proposal of this revoke applied first); the new grant is then left alone and
+    /// this fails as `LeaseNotFound`. A client's revoke names no grant, as in etcd.
+    LeaseExpire {
+        /// The lease revoked.
+        id: LeaseId,
+        /// The [`Lease::grant_index`] the leader found expired.
+        grant_index: u64,
     },
     /// The leader's record of leases' remaining TTLs, so a new leader or a restart neither
     /// forgets how far they ran nor grants them a full TTL again.

@@ -117,26 +117,13 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
             w.u64(*member);
             publish(&mut w, attributes);
         }
-        Command::LeaseGrant { id, ttl } => {
-            w.u8(6);
-            w.i64(id.0);
-            w.i64(*ttl);
-        }
-        Command::LeaseRevoke { id } => {
-            w.u8(7);
-            w.i64(id.0);
-        }
+        Command::LeaseGrant { .. }
+        | Command::LeaseRevoke { .. }
+        | Command::LeaseExpire { .. }
+        | Command::LeaseCheckpoint { .. } => lease(&mut w, cmd),
         Command::Membership { peers, removed } => {
             w.u8(9);
             membership(&mut w, peers, removed);
-        }
-        Command::LeaseCheckpoint { checkpoints } => {
-            w.u8(8);
-            w.0.put_u32(checkpoints.len() as u32);
-            for (id, remaining) in checkpoints {
-                w.i64(id.0);
-                w.i64(*remaining);
-            }
         }
         // Alarms take tags 20-29.
         Command::AlarmActivate(a) => {
@@ -160,6 +147,38 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
     w.0.into()
 }
 
+/// The lease commands' tags (6, 7, 8, 10) and fields.
+fn lease(w: &mut W, cmd: &Command) {
+    match cmd {
+        Command::LeaseGrant { id, ttl } => {
+            w.u8(6);
+            w.i64(id.0);
+            w.i64(*ttl);
+        }
+        Command::LeaseRevoke { id } => {
+            w.u8(7);
+            w.i64(id.0);
+        }
+        // A tag of its own rather than a field added to tag 7: entries an older cairn wrote
+        // still decode as they were meant, and an older member applying this one stops at it
+        // as unknown (naming the entry) instead of misreading it as an unconditional revoke.
+        Command::LeaseExpire { id, grant_index } => {
+            w.u8(10);
+            w.i64(id.0);
+            w.u64(*grant_index);
+        }
+        Command::LeaseCheckpoint { checkpoints } => {
+            w.u8(8);
+            w.0.put_u32(checkpoints.len() as u32);
+            for (id, remaining) in checkpoints {
+                w.i64(id.0);
+                w.i64(*remaining);
+            }
+        }
+        _ => unreachable!("only lease commands come here"),
+    }
+}
+
 /// Decodes an entry's data into its request id and command.
 pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
     let mut r = R(raw);
@@ -176,6 +195,7 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
         5 => Command::PublishMember { member: r.u64()?, attributes: get_publish(&mut r)? },
         6 => Command::LeaseGrant { id: LeaseId(r.i64()?), ttl: r.i64()? },
         7 => Command::LeaseRevoke { id: LeaseId(r.i64()?) },
+        10 => Command::LeaseExpire { id: LeaseId(r.i64()?), grant_index: r.u64()? },
         8 => {
             // Each checkpoint takes 16 bytes: a count beyond what is left is malformed.
             let n = r.count()?;

@@ -53,6 +53,11 @@ pub(crate) struct ClockState {
     /// Leases found expired whose revoke is proposed and not applied yet: a keepalive must not
     /// bring them back (the revoke would still delete them), so the driver answers it.
     pub(crate) revoking: HashSet<LeaseId>,
+    /// The log index of the last checkpoint proposed for each lease. Until the store has
+    /// executed it, a keepalive must go through the log (a clear behind it): the checkpoint
+    /// counts down from before the keepalive and would otherwise land after it, and a new
+    /// leader would count down from it.
+    pub(crate) checkpointing: HashMap<LeaseId, u64>,
     /// The driver's ticks count real time from here: tick `ticks + n` is due at
     /// `start + n × tick`. None until the driver runs (and under the simulator, which
     /// renews only through the replica).
@@ -95,6 +100,12 @@ struct Epoch {
 }
 
 impl ClockState {
+    /// Whether a checkpoint of `id` is proposed and not executed by a store that executed up
+    /// to `executed`.
+    pub(crate) fn checkpoint_in_flight(&self, id: LeaseId, executed: u64) -> bool {
+        self.checkpointing.get(&id).is_some_and(|at| *at > executed)
+    }
+
     /// The tick the driver has reached at `now`, or will once it catches up.
     fn tick_at(&self, now: Instant) -> Option<u64> {
         let e = self.epoch?;
@@ -261,8 +272,10 @@ impl LeaseClock {
         let Some(lease) = lease.filter(|l| l.id == id) else {
             return Err(EngineError::Kv(KvError::LeaseNotFound));
         };
-        // A stale checkpoint must be cleared through Raft, which only the driver proposes.
-        if lease.remaining_ttl > 0 || s.revoking.contains(&id) {
+        // A stale checkpoint, or one on its way, must be cleared through Raft, which only the
+        // driver proposes.
+        let in_flight = s.checkpoint_in_flight(id, executed);
+        if lease.remaining_ttl > 0 || in_flight || s.revoking.contains(&id) {
             return Ok(None);
         }
         let Some(tick) = s.tick_at(now) else { return Ok(None) };
@@ -287,7 +300,7 @@ mod tests {
     const TICK: Duration = Duration::from_millis(100);
 
     fn lease(id: i64, ttl: i64) -> Lease {
-        Lease { id: LeaseId(id), ttl, remaining_ttl: 0 }
+        Lease { id: LeaseId(id), ttl, remaining_ttl: 0, grant_index: 1 }
     }
 
     /// A leader's clock whose driver started `ago` before `now` at tick 0, with lease 1
@@ -323,6 +336,11 @@ mod tests {
         assert_eq!(clock.renew(LeaseId(2), Some(lease(2, 5)), 0, now), Ok(None), "unscheduled");
         let stale = Lease { remaining_ttl: 3, ..lease(1, 5) };
         assert_eq!(clock.renew(LeaseId(1), Some(stale), 0, now), Ok(None), "checkpointed");
+        let (clock, now) = leading(Duration::from_millis(2050), 30);
+        clock.lock().checkpointing.insert(LeaseId(1), 8);
+        let renew = |executed| clock.renew(LeaseId(1), Some(lease(1, 5)), executed, now);
+        assert_eq!(renew(7), Ok(None), "a checkpoint on its way");
+        assert_eq!(renew(8), Ok(Some(5)), "the checkpoint executed");
         // Inherited with grace beyond a full TTL from now: the driver queues the earlier look.
         let (clock, now) = leading(Duration::ZERO, 500);
         assert_eq!(clock.renew(LeaseId(1), Some(lease(1, 5)), 0, now), Ok(None), "earlier");

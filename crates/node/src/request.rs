@@ -44,6 +44,7 @@ fn check(cmd: &Command, limits: Limits) -> Result<(), EngineError> {
         | Command::Membership { .. }
         | Command::LeaseGrant { .. }
         | Command::LeaseRevoke { .. }
+        | Command::LeaseExpire { .. }
         | Command::LeaseCheckpoint { .. }
         | Command::AlarmActivate(_)
         | Command::AlarmDeactivate(_)

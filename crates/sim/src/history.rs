@@ -394,7 +394,7 @@ impl History {
                 }
                 self.position.insert(*op, index);
             }
-            let applied = self.model.apply(cmd);
+            let applied = self.model.apply_at(index, cmd);
             self.note_leases(index, cmd, &applied, own);
             result = Some(applied);
         }
@@ -413,6 +413,7 @@ impl History {
         match cmd {
             Command::PublishMember { .. }
             | Command::Membership { .. }
+            | Command::LeaseExpire { .. }
             | Command::LeaseCheckpoint { .. } => true,
             Command::LeaseRevoke { .. } => {
                 let sent = matches!(self.ops.get(&op), Some(Op { kind: OpKind::Write(c), .. }) if c == cmd);
@@ -435,7 +436,7 @@ impl History {
                 self.leases.entry(lease.id).or_default().push((index, Some(lease.ttl)));
                 self.lease_changes.push(LeaseChange::Granted { id: lease.id, ttl: lease.ttl });
             }
-            (Command::LeaseRevoke { id }, Ok(_)) => {
+            (Command::LeaseRevoke { id } | Command::LeaseExpire { id, .. }, Ok(_)) => {
                 let ttl = self.lease_at(*id, index - 1);
                 self.leases.entry(*id).or_default().push((index, None));
                 self.lease_changes.push(LeaseChange::Revoked { id: *id, ttl, own });
@@ -499,7 +500,11 @@ impl History {
                 Some((_, Command::PublishMember { .. })) => stats.publishes += 1,
                 Some((_, Command::LeaseCheckpoint { .. })) => stats.lease_checkpoints += 1,
                 Some((_, Command::LeaseGrant { .. })) if ok => stats.lease_grants += 1,
-                Some((_, Command::LeaseRevoke { .. })) if ok && e.own => stats.lease_expiries += 1,
+                Some((_, Command::LeaseRevoke { .. } | Command::LeaseExpire { .. }))
+                    if ok && e.own =>
+                {
+                    stats.lease_expiries += 1
+                }
                 Some((_, Command::LeaseRevoke { .. })) if ok => stats.lease_revokes += 1,
                 _ => {}
             }

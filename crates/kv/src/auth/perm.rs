@@ -178,6 +178,7 @@ impl AuthState {
             Command::Compact(_)
             | Command::PublishMember { .. }
             | Command::LeaseGrant { .. }
+            | Command::LeaseExpire { .. }
             | Command::LeaseCheckpoint { .. } => Ok(()),
         }
     }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use super::{
     ImageError, ImageMeta, ImageReader, InstallError, VisitRecord, CHECKSUM_LEN, HEADER_LEN, MAGIC,
-    VERSION, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_LEASES,
+    VERSION, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_GRANT_INDEX, VERSION_NO_LEASES,
 };
 use crate::auth::AuthState;
 use crate::backend::{decode_alarms, BackendError, Record};
@@ -111,7 +111,9 @@ pub(super) fn version(head: &mut impl Input) -> Result<u32, ImageError> {
         return Err(ImageError::WrongMagic);
     }
     let version = head.u32()?;
-    if ![VERSION, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_LEASES].contains(&version) {
+    let known =
+        [VERSION, VERSION_NO_GRANT_INDEX, VERSION_NO_ALARMS, VERSION_NO_AUTH, VERSION_NO_LEASES];
+    if !known.contains(&version) {
         return Err(ImageError::UnknownVersion(version));
     }
     Ok(version)
@@ -211,7 +213,8 @@ fn parse_body<E: From<ImageError>>(
         visit(rev, record, raw)?;
     }
     let members = parse_members(cur)?;
-    let leases = if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(cur)? };
+    let leases =
+        if version == VERSION_NO_LEASES { BTreeMap::new() } else { parse_leases(version, cur)? };
     let (auth, alarms) = parse_auth_and_alarms(version, cur)?;
     if !cur.at_end() {
         return Err(ImageError::TrailingBytes.into());
@@ -236,7 +239,7 @@ fn parse_auth_and_alarms(
     } else {
         AuthState::default()
     };
-    let alarms = if version == VERSION {
+    let alarms = if version >= VERSION_NO_GRANT_INDEX {
         let len = cur.len()?;
         Some(decode_alarms(cur.take(len)?).map_err(|e| {
             ImageError::BadAlarms(match e {
@@ -250,13 +253,19 @@ fn parse_auth_and_alarms(
     Ok((auth, alarms))
 }
 
-/// The lease section: a count, then each lease, in increasing id order.
-fn parse_leases(cur: &mut impl Input) -> Result<BTreeMap<LeaseId, Lease>, ImageError> {
+/// The lease section: a count, then each lease, in increasing id order (granted at index 0
+/// before version 6).
+fn parse_leases(
+    version: u32,
+    cur: &mut impl Input,
+) -> Result<BTreeMap<LeaseId, Lease>, ImageError> {
     let count = cur.u64()?;
     let mut leases = BTreeMap::new();
     let mut last = None;
     for position in 0..count {
-        let lease = Lease { id: LeaseId(cur.i64()?), ttl: cur.i64()?, remaining_ttl: cur.i64()? };
+        let (id, ttl, remaining_ttl) = (LeaseId(cur.i64()?), cur.i64()?, cur.i64()?);
+        let grant_index = if version > VERSION_NO_GRANT_INDEX { cur.u64()? } else { 0 };
+        let lease = Lease { id, ttl, remaining_ttl, grant_index };
         let bad = |reason| ImageError::BadLease { position, reason };
         if lease.id.0 == 0 || lease.ttl <= 0 || lease.remaining_ttl < 0 {
             return Err(bad("a lease id, TTL or remaining TTL out of range"));

@@ -57,7 +57,7 @@ proptest! {
                     raft_index += 1;
                     let (mut outs, prepared) = store.execute(&[(raft_index, Some(&cmd))]).unwrap();
                     let got = outs.pop().flatten().expect("an outcome");
-                    let want = model.apply(&cmd);
+                    let want = model.apply_at(raft_index, &cmd);
                     prop_assert_eq!(&got, &want, "command {:?}", cmd);
                     pending.push(prepared);
                     uncommitted.push((raft_index, cmd, Some(got)));

@@ -361,10 +361,12 @@ fn the_image_layout_is_as_documented() {
         raw_member(9, "m9", &["http://y:1", "http://y:2"]),
     ]);
     after.put_u64(2);
-    for (id, ttl, remaining) in [(-3i64, 60i64, 0i64), (7, 10, 4)] {
+    // Each lease with the index of the entry that granted it.
+    for (id, ttl, remaining, granted) in [(-3i64, 60i64, 0i64, 10u64), (7, 10, 4, 9)] {
         after.put_i64(id);
         after.put_i64(ttl);
         after.put_i64(remaining);
+        after.put_u64(granted);
     }
     after.extend(new_auth_section());
     // The alarms: 9 bytes long, member 5's NOSPACE (type 1).
@@ -372,11 +374,11 @@ fn the_image_layout_is_as_documented() {
     after.put_u64(5);
     after.put_u8(1);
     let image = store.image().unwrap();
-    assert_eq!(image, raw_image_leases(5, 12, 5, 4, 3, &records, &after));
+    assert_eq!(image, raw_image_leases(6, 12, 5, 4, 3, &records, &after));
     let alarm = AlarmMember { member: 5, alarm: AlarmType::NoSpace };
     let decoded = snapshot::decode(&image).unwrap();
     assert_eq!(decoded.alarms(), Some(&[alarm].into_iter().collect()));
-    assert_eq!(snapshot::empty_image(9), raw_image(5, 9, 1, -1, 0, &[]));
+    assert_eq!(snapshot::empty_image(9), raw_image(6, 9, 1, -1, 0, &[]));
     // Version 4 (no alarm section) is still read, as saying nothing of alarms.
     let v4 = snapshot::decode(&raw_image(4, 9, 1, -1, 0, &[])).unwrap();
     assert_eq!(v4.alarms(), None);
@@ -386,6 +388,35 @@ fn the_image_layout_is_as_documented() {
     // Version 2 (no lease section) is still read, as holding no leases.
     let v2 = snapshot::decode(&raw_image(2, 9, 1, -1, 0, &[])).unwrap();
     assert!(v2.leases().is_empty());
+}
+
+/// Version 5 images, whose leases do not carry their grant's index, are still read: the
+/// leases as granted at index 0, as a store an older cairn wrote reads them.
+#[test]
+fn a_version_5_image_holds_leases_granted_at_index_0() {
+    let mut v5 = member_section(&[]);
+    v5.put_u64(1);
+    for field in [7i64, 10, 4] {
+        v5.put_i64(field);
+    }
+    v5.extend(new_auth_section());
+    v5.put_u64(0);
+    let v5 = snapshot::decode(&raw_image_leases(5, 9, 1, -1, 0, &[], &v5)).unwrap();
+    let lease = Lease { id: LeaseId(7), ttl: 10, remaining_ttl: 4, grant_index: 0 };
+    assert_eq!(v5.leases().values().copied().collect::<Vec<_>>(), vec![lease]);
+    assert_eq!(v5.alarms(), Some(&Default::default()), "version 5 has the alarm section");
+}
+
+/// A lease record an older cairn stored (`ttl | remaining_ttl`, 16 bytes) still reads, as
+/// granted at index 0; what this one stores adds the grant's index.
+#[test]
+fn an_older_lease_record_reads_as_granted_at_index_0() {
+    let old = [10i64.to_be_bytes(), 4i64.to_be_bytes()].concat();
+    let lease = backend::decode_lease(LeaseId(7), &old).unwrap();
+    assert_eq!(lease, Lease { id: LeaseId(7), ttl: 10, remaining_ttl: 4, grant_index: 0 });
+    let new = Lease { grant_index: 12, ..lease };
+    assert_eq!(backend::decode_lease(LeaseId(7), &backend::encode_lease(&new)).unwrap(), new);
+    assert!(backend::decode_lease(LeaseId(7), &old[..12]).is_err());
 }
 
 /// A store with some history, and its image.

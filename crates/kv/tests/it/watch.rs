@@ -220,8 +220,9 @@ impl World {
         let (_, prepared) = self.store.execute(&[(self.raft_index, Some(&cmd))]).unwrap();
         // What failed changed nothing (perhaps only because of a compaction `full` never
         // saw); what succeeded changes `full` the same way.
-        if self.model.apply(&cmd).is_ok() && !matches!(cmd, Command::Compact(_)) {
-            prop_assert!(self.full.apply(&cmd).is_ok());
+        let at = self.raft_index;
+        if self.model.apply_at(at, &cmd).is_ok() && !matches!(cmd, Command::Compact(_)) {
+            prop_assert!(self.full.apply_at(at, &cmd).is_ok());
         }
         self.pending.push(prepared);
         self.uncommitted.push((self.raft_index, cmd));

@@ -160,7 +160,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     fn lessor_applied(&mut self, cmd: &Command, result: &Result<CommandResponse, KvError>) {
         match (cmd.without_caller(), result) {
             (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => self.lessor_granted(*lease),
-            (Command::LeaseRevoke { id }, Ok(_)) => self.lessor_revoked(*id),
+            (Command::LeaseRevoke { id } | Command::LeaseExpire { id, .. }, Ok(_)) => {
+                self.lessor_revoked(*id)
+            }
             (Command::LeaseCheckpoint { checkpoints }, Ok(_)) => {
                 self.lessor_checkpointed(checkpoints)
             }

@@ -3,8 +3,9 @@
 //!
 //! Which leases exist, their TTLs and the keys they hold are replicated state (the store's).
 //! When one expires is decided by the leader alone, on its ticks, and carried out as a
-//! `LeaseRevoke` through Raft, so a member that is not leader never revokes, and a revoke is
-//! applied everywhere at the same point of the log. Followers keep no clock for leases.
+//! `LeaseExpire` through Raft (a revoke of the grant it found expired, named by the grant's
+//! log index), so a member that is not leader never revokes, and a revoke is applied
+//! everywhere at the same point of the log. Followers keep no clock for leases.
 //!
 //! Taking over leadership must not cost O(leases) at once (etcd issue 9496): a new leader
 //! schedules the leases it inherits a page per tick, each at `promotion + grace + remaining`
@@ -17,7 +18,7 @@
 //! configured rate (etcd's 1,000 a second by default), so a revoke storm never starves writes.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_kv::backend::Backend;
@@ -204,6 +205,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let mut s = self.lessor.clock.lock();
         s.expiry.remove(&id);
         s.revoking.remove(&id);
+        s.checkpointing.remove(&id);
         drop(s);
         // Its queue entry, if any, is dropped when it comes due.
         let (gone, wait): (Vec<_>, Vec<_>) =
@@ -358,8 +360,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         // From now on, so that checkpoints taken before the clear is applied are not stale.
         let at = self.ticks + self.lease_ticks(lease.ttl);
         self.lessor.schedule(&mut s, id, at);
+        // A checkpoint proposed and not applied yet counts down from before this renewal, and
+        // would land after it: a clear proposed now lands after that one.
+        let in_flight = s.checkpoint_in_flight(id, self.store.executed_index());
         drop(s);
-        if lease.remaining_ttl > 0 {
+        if lease.remaining_ttl > 0 || in_flight {
             let clear = Command::LeaseCheckpoint { checkpoints: vec![(id, 0)] };
             if self.propose_own(clear) {
                 self.renewals.push(Renewal { id, token, deadline, wait: Wait::Clear });
@@ -479,11 +484,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             }
             self.lessor.queued.remove(&id);
             let Some(&expires) = s.expiry.get(&id) else { continue };
-            if self.store.lease(id).is_none() {
+            let Some(lease) = self.store.lease(id) else {
                 s.expiry.remove(&id);
                 s.revoking.remove(&id);
                 continue; // revoked
-            }
+            };
             if expires > now {
                 // Renewed since it was queued: look again at the new expiry.
                 self.lessor.queued.insert(id, expires);
@@ -497,20 +502,37 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             // lease live 5 s longer per transfer (simulator seed 13 of the stack mix with
             // leases).
             s.revoking.insert(id);
-            let retry = if self.propose_own(Command::LeaseRevoke { id }) {
-                now + REVOKE_RETRY_TICKS
-            } else {
-                now + 1
-            };
+            // It names the grant it found expired: this proposal, or the retry below, may commit
+            // after the lease was revoked and granted again under the same id, and must then
+            // leave the new grant alone. Simulator stack seed 3183 found a retry applied after a
+            // client's grant, 5734 a first proposal behind a client's revoke and grant this
+            // store had not applied yet. etcd's revoke by id alone, retried after 3 s, has
+            // the same race.
+            let expire = Command::LeaseExpire { id, grant_index: lease.grant_index };
+            let retry = if self.propose_own(expire) { now + REVOKE_RETRY_TICKS } else { now + 1 };
             self.lessor.queued.insert(id, retry);
             self.lessor.queue.push(Reverse((retry, id)));
             budget -= 1;
         }
     }
 
+    /// Records the remaining TTL of long leases whose interval came, in one proposal.
+    ///
+    /// Not of a lease whose keepalive waits for its checkpoint's clear: the keepalive is
+    /// answered, and the lease renewed from then, when the clear is applied, so a checkpoint
+    /// taken before that counts down from the earlier renewal and would land after the clear,
+    /// and a new leader would count down from it (simulator stack seed 4017: a clear that
+    /// waited 2 s for a stalled commit, two checkpoints proposed meanwhile, and the lease
+    /// revoked 0.4 s before its renewed TTL after a leader change). Its next one is taken an
+    /// interval later.
     fn checkpoint_due(&mut self) {
         let now = self.ticks;
+        if self.lessor.checkpoints.peek().is_none_or(|Reverse((at, _))| *at > now) {
+            return;
+        }
         let mut batch = Vec::new();
+        let clearing: HashSet<LeaseId> =
+            self.renewals.iter().filter(|r| r.wait == Wait::Clear).map(|r| r.id).collect();
         let clock = self.lessor.clock.clone();
         let s = clock.lock();
         while batch.len() < CHECKPOINT_BATCH {
@@ -522,15 +544,27 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             let (Some(lease), Some(expires)) = (self.store.lease(id), s.expiry.get(&id)) else {
                 continue;
             };
-            let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
-            batch.push((id, left));
+            // Nor of one found expired, whose revoke is on its way: without it a new leader
+            // counts down from the previous checkpoint, later, never earlier, and it could
+            // land after a client revoked the lease and granted the id anew (in stack seed
+            // 3183 one did, and the new grant counted down from it).
+            if !clearing.contains(&id) && !s.revoking.contains(&id) {
+                let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
+                batch.push((id, left));
+            }
             self.schedule_checkpoint(&lease);
         }
         drop(s);
-        if !batch.is_empty() {
-            // A refused batch is recorded at the next interval; until then a new leader counts
-            // down from the previous checkpoint, which is later, never earlier.
-            self.propose_own(Command::LeaseCheckpoint { checkpoints: batch });
+        if batch.is_empty() {
+            return;
+        }
+        let ids: Vec<LeaseId> = batch.iter().map(|(id, _)| *id).collect();
+        // A refused batch is recorded at the next interval; until then a new leader counts
+        // down from the previous checkpoint, which is later, never earlier.
+        if self.propose_own(Command::LeaseCheckpoint { checkpoints: batch }) {
+            let at = self.raft.last_index().0;
+            let mut s = clock.lock();
+            s.checkpointing.extend(ids.into_iter().map(|id| (id, at)));
         }
     }
 

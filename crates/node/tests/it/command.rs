@@ -158,6 +158,18 @@ fn command() -> impl Strategy<Value = Command> {
             prop::collection::vec(any::<u64>(), 0..3)
         )
             .prop_map(|(peers, removed)| Command::Membership { peers, removed }),
+        lease_command(),
+    ]
+}
+
+fn lease_command() -> impl Strategy<Value = Command> {
+    let id = || any::<i64>().prop_map(LeaseId);
+    prop_oneof![
+        (id(), any::<i64>()).prop_map(|(id, ttl)| Command::LeaseGrant { id, ttl }),
+        id().prop_map(|id| Command::LeaseRevoke { id }),
+        (id(), any::<u64>()).prop_map(|(id, grant_index)| Command::LeaseExpire { id, grant_index }),
+        prop::collection::vec((id(), any::<i64>()), 0..3)
+            .prop_map(|checkpoints| Command::LeaseCheckpoint { checkpoints }),
     ]
 }
 
@@ -214,4 +226,22 @@ fn deeply_nested_transactions_are_refused_not_overflowed() {
         raw.push(3); // a nested txn
     }
     assert!(decode(&raw).is_err());
+}
+
+/// A revoke an older cairn wrote (tag 7, the id alone) still decodes as the unconditional
+/// revoke it was; the leader's expiry of one grant has a tag of its own (10).
+#[test]
+fn lease_revokes_keep_their_encoding_and_expiries_name_the_grant() {
+    let mut old = vec![1u8];
+    old.extend_from_slice(&42u64.to_be_bytes());
+    old.push(7);
+    old.extend_from_slice(&9i64.to_be_bytes());
+    assert_eq!(decode(&old), Ok((42, Command::LeaseRevoke { id: LeaseId(9) })));
+    let expire = Command::LeaseExpire { id: LeaseId(9), grant_index: 1234 };
+    let mut raw = old[..9].to_vec();
+    raw.push(10);
+    raw.extend_from_slice(&9i64.to_be_bytes());
+    raw.extend_from_slice(&1234u64.to_be_bytes());
+    assert_eq!(encode(42, &expire).to_vec(), raw);
+    assert_eq!(decode(&raw), Ok((42, expire)));
 }

@@ -116,7 +116,8 @@ async fn leases_survive_a_restart_and_still_expire() {
     e.stop();
     drop(e);
     let e = Engine::open(config("restart", &dir)).unwrap();
-    assert_eq!(e.leases(), vec![Lease { id: LeaseId(9), ttl: 2, remaining_ttl: 0 }]);
+    let granted = Lease { id: LeaseId(9), ttl: 2, remaining_ttl: 0, ..lease };
+    assert_eq!(e.leases(), vec![granted], "as granted, at the index it was granted at");
     let t = e.lease_time_to_live(lease.id, true).await.unwrap();
     assert_eq!(t.keys, vec![Bytes::from("k")]);
     // A full TTL plus an election timeout of grace after the restart, then gone.

@@ -10,6 +10,7 @@ mod defrag;
 mod embedding;
 mod engine;
 mod lease;
+mod lease_expiry;
 mod log_retention;
 mod peer_tls;
 mod quota;

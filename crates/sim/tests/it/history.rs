@@ -85,9 +85,9 @@ impl Run {
     }
 
     fn append(&mut self, entry: Option<(OpId, Command)>) -> u64 {
-        let result = entry.as_ref().map(|(_, cmd)| self.model.apply(cmd));
+        let index = self.states.len() as u64;
+        let result = entry.as_ref().map(|(_, cmd)| self.model.apply_at(index, cmd));
         self.states.push((self.model.current(), self.model.compacted()));
-        let index = self.states.len() as u64 - 1;
         for member in [1, 2] {
             let applied = self.h.applied(member, index, entry.clone(), result.clone());
             applied.unwrap_or_else(|v| panic!("index {index} on member {member}: {}", v.0));
@@ -480,10 +480,10 @@ impl Gen {
     }
 
     fn append(&mut self, entry: Option<(OpId, Command)>) -> u64 {
-        let outcome = entry.as_ref().map(|(_, cmd)| self.model.apply(cmd));
+        let index = self.len() + 1;
+        let outcome = entry.as_ref().map(|(_, cmd)| self.model.apply_at(index, cmd));
         self.states.push((self.model.current(), self.model.compacted()));
         self.log.push((entry.clone(), outcome.clone()));
-        let index = self.len();
         self.events.push(Event::Applied { member: 1, index, entry, outcome });
         index
     }

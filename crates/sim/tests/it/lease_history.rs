@@ -57,8 +57,8 @@ impl Log {
 
     /// A member's own entry under request id `op`.
     fn append(&mut self, op: u64, cmd: Command) -> Result<CommandResponse, KvError> {
-        let result = self.model.apply(&cmd);
         let index = self.h.log_len() + 1;
+        let result = self.model.apply_at(index, &cmd);
         self.h.applied(1, index, Some((op, cmd)), Some(result.clone())).expect("as the model");
         result
     }
@@ -84,7 +84,7 @@ fn fails_with<T: std::fmt::Debug>(r: Result<T, Violation>, words: &[&str]) {
 #[test]
 fn expiries_and_checkpoints_members_propose_are_accepted_and_a_revoke_takes_every_key() {
     let mut l = Log::new();
-    let lease = Lease { id: LeaseId(5), ttl: 2, remaining_ttl: 0 };
+    let lease = Lease { id: LeaseId(5), ttl: 2, remaining_ttl: 0, grant_index: 1 };
     let granted = l.client(1, Command::LeaseGrant { id: lease.id, ttl: 2 });
     assert_eq!(granted, Ok(CommandResponse::LeaseGrant { revision: Revision(1), lease }));
     l.client(2, put("a", 5)).expect("attached");

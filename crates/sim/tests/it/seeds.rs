@@ -63,10 +63,17 @@ fn a_member_whose_store_ran_ahead_of_its_log_catches_up_in_an_idle_cluster() {
 /// checkpoint; 312, a leader cut off from the others answered keepalives from its stale store;
 /// 726 (once seeds chose the log's catch-up margin and hold), a keepalive whose checkpoint's
 /// clear waited longer than the TTL for a stalled commit was answered renewed although the
-/// lease had expired meanwhile and its revoke was proposed.
+/// lease had expired meanwhile and its revoke was proposed; 3183, an expiry's revoke proposed
+/// again behind a stalled commit, and 5734 (with its own catch-up margin), one proposed while a
+/// client's revoke and grant of the same id were committed ahead of it but not yet applied,
+/// each applied after the new grant and revoked it; 4017, checkpoints taken while a
+/// keepalive's clear waited for a stalled commit landed after the clear, and the next leader
+/// counted down from them and revoked the renewed lease early; 10999, a checkpoint of an
+/// expired lease, proposed behind its expiry, landed on a client's new grant of the id, and
+/// the next leader counted down from it.
 #[test]
 fn seeds_that_found_lease_clock_bugs_pass() {
-    for seed in [4, 13, 176, 312, 726] {
+    for seed in [4, 13, 176, 312, 726, 3183, 5734, 4017, 10999] {
         cairn_sim::run(as_found(Options::stack_for_seed(seed))).unwrap();
         cairn_sim::run(Options::stack_for_seed(seed)).unwrap();
     }

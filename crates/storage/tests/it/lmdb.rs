@@ -93,7 +93,7 @@ fn lmdb_store_matches_the_model_across_restarts() {
             let cmd = command(&mut rng, model.current());
             raft_index += 1;
             let got = store.apply(&[(raft_index, Some(&cmd))]).unwrap().pop().flatten().unwrap();
-            assert_eq!(got, model.apply(&cmd), "command {cmd:?}");
+            assert_eq!(got, model.apply_at(raft_index, &cmd), "command {cmd:?}");
             let rev = model.current().0 - rng.next(5) as i64;
             assert_eq!(
                 store.range(&everything(rev)),
@@ -236,7 +236,7 @@ fn an_installed_image_survives_a_reopen() {
     let mut model = Model::default();
     for i in 1..=80 {
         let cmd = command(&mut rng, model.current());
-        let _ = model.apply(&cmd);
+        let _ = model.apply_at(i, &cmd);
         source.apply(&[(i, Some(&cmd))]).unwrap();
     }
     let image = source.image().unwrap();

@@ -184,12 +184,14 @@ pub fn publish() -> impl Strategy<Value = Command> {
     prop_oneof![3 => publish, 1 => membership]
 }
 
-/// Lease grants, revokes and checkpoints over three lease ids (so they collide).
+/// Lease grants, revokes, expiries and checkpoints over three lease ids (so they collide).
 pub fn lease_cmd() -> impl Strategy<Value = Command> {
     let id = || (1i64..4).prop_map(LeaseId);
     prop_oneof![
         2 => (id(), 1i64..100).prop_map(|(id, ttl)| Command::LeaseGrant { id, ttl }),
         2 => id().prop_map(|id| Command::LeaseRevoke { id }),
+        // Grant indexes small enough to name a grant of the run now and then.
+        1 => (id(), 0u64..40).prop_map(|(id, grant_index)| Command::LeaseExpire { id, grant_index }),
         1 => prop::collection::vec((id(), 0i64..100), 0..3)
             .prop_map(|checkpoints| Command::LeaseCheckpoint { checkpoints }),
     ]
@@ -232,7 +234,7 @@ impl Driven {
         let (mut outs, prepared) =
             self.store.execute(&[(self.raft_index, Some(cmd))]).expect("execute");
         let got = outs.pop().flatten().expect("an outcome");
-        assert_eq!(got, self.model.apply(cmd), "command {cmd:?}");
+        assert_eq!(got, self.model.apply_at(self.raft_index, cmd), "command {cmd:?}");
         self.pending.push(prepared);
     }
 
