@@ -50,12 +50,21 @@ fn stall(net: &mut Net) {
 
 /// Delivers the snapshots parked for member 3, and lets it and the leader catch up.
 fn unstall(net: &mut Net) {
-    net.park.clear();
-    for msg in std::mem::take(&mut net.parked) {
-        net.get(msg.to.0).replica.handle_message(msg);
-    }
+    net.deliver_parked();
     net.stabilize();
     net.tick_all(3);
+}
+
+/// Ends the stall and runs until the leader answers something, for at most 10 ticks.
+fn unstall_until_answered(net: &mut Net) {
+    net.deliver_parked();
+    for _ in 0..10 {
+        net.stabilize();
+        if !net.get(1).answers.is_empty() {
+            return;
+        }
+        net.tick_all(1);
+    }
 }
 
 /// The lease expiries in `r`'s log, in log order.
@@ -129,17 +138,7 @@ fn no_checkpoint_lands_after_a_keepalives_clear() {
     // The clear waits for the log, longer than a checkpoint interval.
     net.tick_all(15);
     assert!(net.get(1).answers.is_empty(), "{:?}", net.get(1).answers);
-    net.park.clear();
-    for msg in std::mem::take(&mut net.parked) {
-        net.get(msg.to.0).replica.handle_message(msg);
-    }
-    for _ in 0..10 {
-        net.stabilize();
-        if !net.get(1).answers.is_empty() {
-            break;
-        }
-        net.tick_all(1);
-    }
+    unstall_until_answered(&mut net);
     assert_eq!(net.get(1).answers, vec![(99, Ok(Reply::LeaseRenewed { ttl: 10 }))]);
     // Renewed for its full TTL from the answer, which is what a new leader must find.
     let lease = net.get(1).replica.store().lease(LeaseId(7)).expect("renewed");
@@ -163,17 +162,7 @@ fn a_keepalive_behind_a_checkpoint_on_its_way_clears_it() {
     net.get(1).replica.handle_lease_renew(LeaseId(7), 99);
     net.stabilize();
     assert!(net.get(1).answers.is_empty(), "answered before the log: {:?}", net.get(1).answers);
-    net.park.clear();
-    for msg in std::mem::take(&mut net.parked) {
-        net.get(msg.to.0).replica.handle_message(msg);
-    }
-    for _ in 0..10 {
-        net.stabilize();
-        if !net.get(1).answers.is_empty() {
-            break;
-        }
-        net.tick_all(1);
-    }
+    unstall_until_answered(&mut net);
     assert_eq!(net.get(1).answers, vec![(99, Ok(Reply::LeaseRenewed { ttl: 10 }))]);
     let lease = net.get(1).replica.store().lease(LeaseId(7)).expect("renewed");
     assert_eq!(lease.remaining_ttl, 0, "the checkpoint from before the renewal is cleared");

@@ -76,10 +76,7 @@ fn pending(net: &mut Net) -> LogIndex {
 
 /// Delivers the parked snapshot, stops parking, and lets every member catch up.
 fn deliver(net: &mut Net) {
-    net.park.clear();
-    for msg in std::mem::take(&mut net.parked) {
-        net.get(msg.to.0).replica.handle_message(msg);
-    }
+    net.deliver_parked();
     net.stabilize();
     net.tick_all(3);
 }

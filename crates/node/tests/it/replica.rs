@@ -188,6 +188,15 @@ impl Net {
         }
     }
 
+    /// Stops parking snapshots and hands the parked ones to their members (the transfer and
+    /// install the test held back are done), without settling the network.
+    pub(crate) fn deliver_parked(&mut self) {
+        self.park.clear();
+        for msg in std::mem::take(&mut self.parked) {
+            self.get(msg.to.0).replica.handle_message(msg);
+        }
+    }
+
     pub(crate) fn elect(&mut self, id: u64) {
         self.get(id).replica.campaign();
         self.stabilize();
