@@ -361,19 +361,15 @@ async fn read_frame<S: AsyncRead + Unpin>(
     conn: &mut S,
     max: u32,
 ) -> Result<Option<(Batch, usize)>, InboundError> {
-    let mut header = [0u8; codec::FRAME_HEADER_LEN];
-    match conn.read_exact(&mut header).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.into()),
-    }
-    let (len, crc) = codec::parse_frame_header(&header, max)?;
+    let Some((len, crc)) = crate::frame_io::read_header::<S, InboundError>(conn, max).await? else {
+        return Ok(None);
+    };
     let mut payload = Vec::with_capacity((len as usize).min(1 << 20));
     let got = (&mut *conn).take(u64::from(len)).read_to_end(&mut payload).await?;
     if got != len as usize {
         return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into());
     }
-    Ok(Some((codec::decode_batch(Bytes::from(payload), crc), header.len() + got)))
+    Ok(Some((codec::decode_batch(Bytes::from(payload), crc), codec::FRAME_HEADER_LEN + got)))
 }
 
 async fn reply<S: AsyncWrite + Unpin>(
