@@ -325,14 +325,11 @@ impl Backend for LmdbBackend {
         Ok(())
     }
 
-    /// One write transaction: a reader or a crash sees the old history or the new. Dropping the
-    /// transaction on an error aborts it, leaving the old contents.
-    /// Through [`Backend::begin_replace`]: written aside, then exchanged (see `install`).
-    fn replace(&self, mut batch: WriteBatch) -> Result<(), BackendError> {
+    /// Through [`Backend::begin_replace`]: written aside, then exchanged (see `install`), so a
+    /// reader or a crash sees the old contents or the new; on an error the copy is dropped and
+    /// the old contents stay. The batch's records go in with the rest, in `prepare`.
+    fn replace(&self, batch: WriteBatch) -> Result<(), BackendError> {
         let mut replacement = self.begin_replace()?;
-        for (rev, rec) in std::mem::take(&mut batch.puts) {
-            replacement.put(rev, &rec)?;
-        }
         replacement.prepare(batch)?;
         replacement.swap()
     }
