@@ -70,8 +70,9 @@ impl<'a> Install<'a> {
         self.to.as_ref().ok_or(BackendError::Corrupt("replacement already swapped in"))
     }
 
-    /// Writes the gathered records, in order, in one transaction.
-    fn flush(&mut self) -> Result<(), BackendError> {
+    /// Writes the gathered records, in order, and `rest` (members, leases, auth, alarms, meta)
+    /// if given, in one transaction.
+    fn flush(&mut self, rest: Option<&WriteBatch>) -> Result<(), BackendError> {
         let pending = std::mem::take(&mut self.pending);
         self.pending_bytes = 0;
         let to = self.to()?;
@@ -80,6 +81,9 @@ impl<'a> Install<'a> {
             to.history
                 .put_with_flags(&mut wtxn, PutFlags::APPEND, &revision_key(*rev), rec)
                 .map_err(|e| self.backend.write_failed(err("put")(e)))?;
+        }
+        if let Some(rest) = rest {
+            to.write_rest(&mut wtxn, rest).map_err(|e| self.backend.write_failed(e))?;
         }
         wtxn.commit().map_err(self.backend.write_err("commit installed copy"))
     }
@@ -90,18 +94,15 @@ impl Replacement for Install<'_> {
         self.pending_bytes += record.len() + 12;
         self.pending.push((rev, record.to_vec()));
         if self.pending_bytes >= TXN_BYTES {
-            self.flush()?;
+            self.flush(None)?;
         }
         Ok(())
     }
 
     fn prepare(&mut self, mut rest: WriteBatch) -> Result<(), BackendError> {
         self.pending.append(&mut rest.puts);
-        self.flush()?;
+        self.flush(Some(&rest))?;
         let to = self.to()?;
-        let mut wtxn = to.env.write_txn().map_err(err("begin write"))?;
-        to.write_rest(&mut wtxn, &rest).map_err(|e| self.backend.write_failed(e))?;
-        wtxn.commit().map_err(self.backend.write_err("commit installed copy"))?;
         to.env.force_sync().map_err(self.backend.write_err("sync installed copy"))?;
         sync_dir(&self.dir)
     }
