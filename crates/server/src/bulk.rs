@@ -69,8 +69,11 @@ impl BulkPool {
 
 /// A pool thread: lowers its own priority, then runs jobs until the pool is dropped.
 fn work(queue: &Mutex<mpsc::Receiver<Job>>) {
-    // On Linux the nice value is per thread; the `None` pid names the calling one.
-    if let Err(e) = rustix::process::setpriority_process(None, NICE) {
+    // On Linux the nice value is per thread; the `None` pid names the calling one. Relative
+    // to the server's own: a server started with `nice` keeps its bulk threads below itself
+    // (an absolute value would raise them above it, as root may).
+    let own = rustix::process::getpriority_process(None).unwrap_or(0);
+    if let Err(e) = rustix::process::setpriority_process(None, (own + NICE).min(19)) {
         tracing::warn!("range threads run at normal priority: setpriority failed: {e}");
     }
     loop {
