@@ -76,6 +76,15 @@ impl<T> Sender<T> {
     }
 
     /// Waits for a free slot; see [`Sender::poll_ready`].
+    /// Slots free right now, for a producer that hands over what fits without waiting.
+    pub(crate) fn room(&self) -> Result<usize, Closed> {
+        let s = lock(&self.0);
+        if s.consumer_gone {
+            return Err(Closed);
+        }
+        Ok(SLOTS - s.len)
+    }
+
     pub(crate) async fn ready(&self) -> Result<(), Closed> {
         poll_fn(|cx| self.poll_ready(cx)).await
     }

@@ -173,6 +173,12 @@ impl Served {
                     // Replaced, not extended: an idle stream keeps no spare capacity.
                     self.outbox = encode(&self.engine, reply);
                     self.outbox.reverse();
+                    // What fits goes now: a turn of the loop only to learn that the pipe has
+                    // room would cost a select per reply, with every watcher's event (fan-out).
+                    match self.hand_over() {
+                        Ok(n) => (0..n).for_each(|_| counts.sent()),
+                        Err(crate::pipe::Closed) => break None,
+                    }
                 }
                 Turn::Reply(Err(e)) => break Some(Last::Error(status(e))),
                 Turn::Tick => self.ws.progress_tick(),
@@ -194,6 +200,20 @@ impl Served {
                 let _ = tokio::time::timeout(Duration::from_secs(1), self.tx.send(stopped)).await;
             }
         }
+    }
+
+    /// Moves replies from the outbox to the pipe while it has room; how many it moved.
+    fn hand_over(&mut self) -> Result<usize, crate::pipe::Closed> {
+        let room = self.tx.room()?.min(self.outbox.len());
+        for _ in 0..room {
+            let reply = self.outbox.pop().expect("counted");
+            self.tx.push(Box::new(Ok(reply)))?;
+        }
+        if self.outbox.is_empty() {
+            // Replaced, not kept: an idle stream holds no spare capacity.
+            self.outbox = Vec::new();
+        }
+        Ok(room)
     }
 
     /// Brings the process' watcher gauge up to this stream's count.
