@@ -99,6 +99,13 @@ struct ServeArgs {
         // etcd 3.5's configuration file spells the key so.
         alias = "experimental-snapshot-catch-up-entries")]
     snapshot_catchup_entries: u64,
+    /// The most the leader's Raft log may hold, in bytes, while it keeps entries for a
+    /// follower catching up (one receiving or installing a snapshot); past it the follower
+    /// gets another snapshot. The log is in memory: this bounds what one slow follower costs
+    /// the leader. Raise it to join a member to a large store under heavy writes with one
+    /// snapshot (cairn's own; default 256 MiB).
+    #[arg(long, default_value_t = cairn_node::DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES)]
+    snapshot_catchup_max_bytes: u64,
     /// How linearizable reads are confirmed: `read-index` (etcd's way: one heartbeat round
     /// per batch of reads) or `lease` (the leader answers at once while its lease holds; safe
     /// only while clock drift and process stalls stay under the lease margin of two ticks).
@@ -308,6 +315,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         0 => cairn_node::DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
         n => n,
     };
+    engine.snapshot_catchup_max_bytes = a.snapshot_catchup_max_bytes;
     engine.lease_revoke_rate = a.lease_revoke_rate;
     let auth_token = auth_flags(&a, &mut engine)?;
     engine.max_learners = a.max_learners;
@@ -637,5 +645,13 @@ mod tests {
         // Configuration files: 3.5's key (its field's JSON name), and 3.6's.
         assert_eq!(margin(&[], Some("experimental-snapshot-catch-up-entries: 300\n")), 300);
         assert_eq!(margin(&[], Some("snapshot-catchup-entries: 400\n")), 400);
+    }
+
+    #[test]
+    fn the_hold_s_byte_bound_is_a_flag_with_the_engine_s_default() {
+        let bound = |args: &[&str]| engine(args, None).snapshot_catchup_max_bytes;
+        assert_eq!(bound(&[]), cairn_node::DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES);
+        assert_eq!(bound(&["--snapshot-catchup-max-bytes", "2147483648"]), 2 << 30);
+        assert_eq!(bound(&["--snapshot-catchup-max-bytes=0"]), 0, "0: the log holds nothing more");
     }
 }
