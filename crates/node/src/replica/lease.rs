@@ -52,8 +52,9 @@ pub(super) struct Lessor {
     /// Leases from this id on are not scheduled yet; they expire at the tick given plus their
     /// remaining TTL.
     promoting: Option<(LeaseId, u64)>,
-    /// When each long lease's remaining TTL is next recorded.
-    checkpoints: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// When each long lease's remaining TTL is next recorded, with the index of the grant it
+    /// was scheduled for ([`Lease::grant_index`]).
+    checkpoints: BinaryHeap<Reverse<(u64, LeaseId, u64)>>,
     /// Revokes allowed per tick.
     revoke_budget: usize,
 }
@@ -244,7 +245,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let every = i64::try_from(self.cfg.lease_checkpoint_seconds).unwrap_or(i64::MAX);
         if lease.ttl > every {
             let at = self.ticks + self.lessor.ticks(every);
-            self.lessor.checkpoints.push(Reverse((at, lease.id)));
+            self.lessor.checkpoints.push(Reverse((at, lease.id, lease.grant_index)));
         }
     }
 
@@ -544,7 +545,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// interval later.
     fn checkpoint_due(&mut self) {
         let now = self.ticks;
-        if self.lessor.checkpoints.peek().is_none_or(|Reverse((at, _))| *at > now) {
+        if self.lessor.checkpoints.peek().is_none_or(|Reverse((at, ..))| *at > now) {
             return;
         }
         let mut batch = Vec::new();
@@ -553,7 +554,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let clock = self.lessor.clock.clone();
         let s = clock.lock();
         while batch.len() < CHECKPOINT_BATCH {
-            let Some(Reverse((at, id))) = self.lessor.checkpoints.peek().copied() else { break };
+            let Some(Reverse((at, id, grant))) = self.lessor.checkpoints.peek().copied() else {
+                break;
+            };
             if at > now {
                 break;
             }
@@ -561,6 +564,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             let (Some(lease), Some(expires)) = (self.store.lease(id), s.expiry.get(&id)) else {
                 continue;
             };
+            if lease.grant_index != grant {
+                // Scheduled for an earlier grant of the id. The grant the store holds was
+                // scheduled when it was granted (or when this member took over), so going on
+                // with this one too would record that lease twice an interval, and once more
+                // for every time the id is revoked and granted again.
+                continue;
+            }
             // Nor of one found expired, whose revoke is on its way: without it a new leader
             // counts down from the previous checkpoint, later, never earlier. (In stack seed
             // 3183 one landed after a client revoked the lease and granted the id anew, and

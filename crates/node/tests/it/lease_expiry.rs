@@ -1,5 +1,6 @@
 //! The leader's lease commands (expiries, checkpoints, a keepalive's clear) on the replicas of
-//! `replica.rs` driven by hand: what happens when they commit long after they were proposed.
+//! `replica.rs` driven by hand: what happens when they commit long after they were proposed,
+//! or after the lease they were made for was granted anew.
 
 use cairn_kv::{Command, GrantCheckpoint, LeaseId};
 use cairn_node::Reply;
@@ -13,8 +14,13 @@ const EVERY: u64 = 10;
 /// Three members, member 1 leading, recording long leases' remaining TTLs every
 /// `checkpoint_seconds`.
 fn cluster_checkpointing(checkpoint_seconds: u64) -> Net {
+    cluster_compacting(checkpoint_seconds, EVERY)
+}
+
+/// [`cluster_checkpointing`], compacting the log every `every` entries applied.
+fn cluster_compacting(checkpoint_seconds: u64, every: u64) -> Net {
     let mut net = Net::with_configs(&[1, 2, 3], |id| {
-        let mut cfg = config(id, EVERY);
+        let mut cfg = config(id, every);
         cfg.lease_checkpoint_seconds = checkpoint_seconds;
         cfg
     });
@@ -216,4 +222,28 @@ fn a_checkpoint_that_commits_late_leaves_a_new_grant_of_the_same_id_alone() {
         // What a new leader would count down from: the new grant's full TTL.
         assert_eq!(lease.remaining_ttl, 0, "member {id}: the old grant's checkpoint landed");
     }
+}
+
+/// The leader kept a revoked grant's checkpoint schedule going once the id was granted again,
+/// beside the new grant's own: the new grant was recorded twice an interval (and once more for
+/// every regrant of the id). Each grant has one schedule.
+#[test]
+fn a_lease_granted_again_is_checkpointed_once_an_interval() {
+    // The log is not compacted during the test: every checkpoint stays in it to be counted.
+    let mut net = cluster_compacting(1, 1000);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 1);
+    net.stabilize();
+    // Half an interval on: the old grant's next checkpoint is half an interval from the new's.
+    net.tick_all(5);
+    net.get(1).propose(&Command::LeaseRevoke { id: LeaseId(7) }, 2);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 3);
+    net.stabilize();
+    let new = net.get(1).replica.store().lease(LeaseId(7)).expect("granted again").grant_index;
+    // Four intervals of 11 ticks (a second and the tick it may start in).
+    net.tick_all(44);
+    let of_new = checkpoints_in_log(&net.get(1).replica)
+        .into_iter()
+        .filter(|c| c.id == LeaseId(7) && c.grant_index == new)
+        .count();
+    assert_eq!(of_new, 4, "checkpoints of the new grant in four intervals");
 }
