@@ -176,12 +176,11 @@ impl<V: BackendView> Exec<'_, V> {
                 }
                 Ok(CommandResponse::Membership)
             }
-            Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
-            Command::LeaseRevoke { id } => self.lease_revoke(&mut w, *id),
-            Command::LeaseExpire { id, grant_index } => {
-                self.lease_expire(&mut w, *id, *grant_index)
-            }
-            Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
+            Command::LeaseGrant { .. }
+            | Command::LeaseRevoke { .. }
+            | Command::LeaseExpire { .. }
+            | Command::LeaseCheckpoint { .. }
+            | Command::LeaseGrantCheckpoint { .. } => self.lease(&mut w, cmd),
             Command::AlarmActivate(a) => Ok(self.alarm(*a, true)),
             Command::AlarmDeactivate(a) => Ok(self.alarm(*a, false)),
             Command::Auth(change) => {

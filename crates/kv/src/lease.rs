@@ -9,7 +9,7 @@ use bytes::Bytes;
 use crate::backend::{encode_lease, BackendView};
 use crate::exec::{Exec, Writer};
 use crate::index::Index;
-use crate::types::{CommandResponse, DeleteRangeRequest, Lease, LeaseId};
+use crate::types::{Command, CommandResponse, DeleteRangeRequest, GrantCheckpoint, Lease, LeaseId};
 use crate::KvError;
 
 /// Every lease and the live keys attached to each.
@@ -79,11 +79,25 @@ impl LeaseTable {
 }
 
 impl<V: BackendView> Exec<'_, V> {
-    pub(crate) fn lease_grant(
+    /// The lease commands' part of [`Exec::execute`].
+    pub(crate) fn lease(
         &mut self,
-        id: LeaseId,
-        ttl: i64,
+        w: &mut Writer,
+        cmd: &Command,
     ) -> Result<CommandResponse, KvError> {
+        match cmd {
+            Command::LeaseGrant { id, ttl } => self.lease_grant(*id, *ttl),
+            Command::LeaseRevoke { id } => self.lease_revoke(w, *id),
+            Command::LeaseExpire { id, grant_index } => self.lease_expire(w, *id, *grant_index),
+            Command::LeaseCheckpoint { checkpoints } => Ok(self.lease_checkpoint(checkpoints)),
+            Command::LeaseGrantCheckpoint { checkpoints } => {
+                Ok(self.lease_grant_checkpoint(checkpoints))
+            }
+            _ => unreachable!("only lease commands come here"),
+        }
+    }
+
+    fn lease_grant(&mut self, id: LeaseId, ttl: i64) -> Result<CommandResponse, KvError> {
         if self.leases.contains(id) {
             return Err(KvError::LeaseExist);
         }
@@ -95,11 +109,7 @@ impl<V: BackendView> Exec<'_, V> {
 
     /// Deletes every key the lease holds in this command's revision (in key order, as etcd),
     /// then the lease.
-    pub(crate) fn lease_revoke(
-        &mut self,
-        w: &mut Writer,
-        id: LeaseId,
-    ) -> Result<CommandResponse, KvError> {
+    fn lease_revoke(&mut self, w: &mut Writer, id: LeaseId) -> Result<CommandResponse, KvError> {
         if !self.leases.contains(id) {
             return Err(KvError::LeaseNotFound);
         }
@@ -114,7 +124,7 @@ impl<V: BackendView> Exec<'_, V> {
 
     /// The leader's revoke of the grant at `grant_index` ([`crate::Command::LeaseExpire`]):
     /// a later grant under the same id is not the lease it found expired.
-    pub(crate) fn lease_expire(
+    fn lease_expire(
         &mut self,
         w: &mut Writer,
         id: LeaseId,
@@ -126,12 +136,26 @@ impl<V: BackendView> Exec<'_, V> {
         self.lease_revoke(w, id)
     }
 
-    pub(crate) fn lease_checkpoint(&mut self, checkpoints: &[(LeaseId, i64)]) -> CommandResponse {
+    fn lease_checkpoint(&mut self, checkpoints: &[(LeaseId, i64)]) -> CommandResponse {
         for (id, remaining) in checkpoints {
             if let Some(l) = self.leases.leases.get_mut(id) {
                 l.remaining_ttl = *remaining;
                 let encoded = encode_lease(l);
                 self.batch.leases.push((*id, Some(encoded)));
+            }
+        }
+        CommandResponse::LeaseCheckpoint
+    }
+
+    /// Checkpoints of the grants they were taken for ([`crate::Command::LeaseGrantCheckpoint`]):
+    /// a later grant under the same id counts down from its own start, not from this.
+    fn lease_grant_checkpoint(&mut self, checkpoints: &[GrantCheckpoint]) -> CommandResponse {
+        for c in checkpoints {
+            let Some(l) = self.leases.leases.get_mut(&c.id) else { continue };
+            if l.grant_index == c.grant_index {
+                l.remaining_ttl = c.remaining;
+                let encoded = encode_lease(l);
+                self.batch.leases.push((c.id, Some(encoded)));
             }
         }
         CommandResponse::LeaseCheckpoint

@@ -238,7 +238,8 @@ impl Model {
             Command::LeaseGrant { .. }
             | Command::LeaseRevoke { .. }
             | Command::LeaseExpire { .. }
-            | Command::LeaseCheckpoint { .. } => scratch.lease(&mut tx, cmd, index),
+            | Command::LeaseCheckpoint { .. }
+            | Command::LeaseGrantCheckpoint { .. } => scratch.lease(&mut tx, cmd, index),
             Command::AlarmActivate(a) if a.alarm == AlarmType::None => {
                 Ok(CommandResponse::Alarm(None))
             }
@@ -300,6 +301,17 @@ impl Model {
                 for (id, remaining) in checkpoints {
                     if let Some(l) = self.leases.get_mut(id) {
                         l.remaining_ttl = *remaining;
+                    }
+                }
+                Ok(CommandResponse::LeaseCheckpoint)
+            }
+            Command::LeaseGrantCheckpoint { checkpoints } => {
+                // Only on the grant each was taken for; a later one under the id keeps its own.
+                for c in checkpoints {
+                    if let Some(l) = self.leases.get_mut(&c.id) {
+                        if l.grant_index == c.grant_index {
+                            l.remaining_ttl = c.remaining;
+                        }
                     }
                 }
                 Ok(CommandResponse::LeaseCheckpoint)

@@ -381,6 +381,19 @@ pub struct Lease {
     pub grant_index: u64,
 }
 
+/// One lease's remaining TTL by the leader's clock, for the grant it was taken for
+/// ([`Command::LeaseGrantCheckpoint`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GrantCheckpoint {
+    /// The lease's id.
+    pub id: LeaseId,
+    /// The [`Lease::grant_index`] of the grant the leader counted down: a later grant under
+    /// the same id is left alone.
+    pub grant_index: u64,
+    /// Seconds left; 0 clears the checkpoint (a keepalive renewed the lease).
+    pub remaining: i64,
+}
+
 /// etcd's largest lease TTL, in seconds (`MaxLeaseTTL`).
 pub const MAX_LEASE_TTL: i64 = 9_000_000_000;
 
@@ -478,10 +491,22 @@ pub enum Command {
         grant_index: u64,
     },
     /// The leader's record of leases' remaining TTLs, so a new leader or a restart neither
-    /// forgets how far they ran nor grants them a full TTL again.
+    /// forgets how far they ran nor grants them a full TTL again. Names leases by id alone,
+    /// so it lands on whatever grant holds the id when it applies: only an older cairn
+    /// proposed it, and its entries still apply so; this one proposes
+    /// [`Command::LeaseGrantCheckpoint`].
     LeaseCheckpoint {
         /// Each lease's remaining TTL, in seconds.
         checkpoints: Vec<(LeaseId, i64)>,
+    },
+    /// [`Command::LeaseCheckpoint`] of the grants the leader took each one for. Between the
+    /// proposal and its commit a lease may be revoked and granted again under the same id (a
+    /// client's revoke and grant the leader had not applied yet); the new grant's clock did
+    /// not start with the old one's, so a checkpoint naming the old grant leaves it alone.
+    /// The others in the batch still apply.
+    LeaseGrantCheckpoint {
+        /// Each grant's remaining TTL.
+        checkpoints: Vec<GrantCheckpoint>,
     },
     /// Raises an alarm (etcd's `AlarmRequest` ACTIVATE); raising a raised one changes nothing.
     AlarmActivate(AlarmMember),
@@ -536,7 +561,8 @@ pub enum CommandResponse {
         /// The store's revision after the revoke.
         revision: Revision,
     },
-    /// The remaining TTLs are recorded (leases gone meanwhile are skipped).
+    /// The remaining TTLs are recorded (leases gone meanwhile, or granted anew since a
+    /// [`Command::LeaseGrantCheckpoint`] was taken, are skipped).
     LeaseCheckpoint,
     /// The alarm the request changed, as etcd answers: present if it was raised (activate)
     /// or had been raised (deactivate), absent if the request changed nothing.

@@ -120,7 +120,8 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
         Command::LeaseGrant { .. }
         | Command::LeaseRevoke { .. }
         | Command::LeaseExpire { .. }
-        | Command::LeaseCheckpoint { .. } => lease(&mut w, cmd),
+        | Command::LeaseCheckpoint { .. }
+        | Command::LeaseGrantCheckpoint { .. } => lease(&mut w, cmd),
         Command::Membership { peers, removed } => {
             w.u8(9);
             membership(&mut w, peers, removed);
@@ -147,7 +148,7 @@ pub fn encode(request_id: u64, cmd: &Command) -> Bytes {
     w.0.into()
 }
 
-/// The lease commands' tags (6, 7, 8, 10) and fields.
+/// The lease commands' tags (6, 7, 8, 10, 11) and fields.
 fn lease(w: &mut W, cmd: &Command) {
     match cmd {
         Command::LeaseGrant { id, ttl } => {
@@ -173,6 +174,18 @@ fn lease(w: &mut W, cmd: &Command) {
             for (id, remaining) in checkpoints {
                 w.i64(id.0);
                 w.i64(*remaining);
+            }
+        }
+        // A tag of its own for the same reason as tag 10: tag 8 entries an older cairn wrote
+        // still apply by id, as they were meant, and an older member stops at this one rather
+        // than misreading the grant's index as a lease id.
+        Command::LeaseGrantCheckpoint { checkpoints } => {
+            w.u8(11);
+            w.0.put_u32(checkpoints.len() as u32);
+            for c in checkpoints {
+                w.i64(c.id.0);
+                w.u64(c.grant_index);
+                w.i64(c.remaining);
             }
         }
         _ => unreachable!("only lease commands come here"),
@@ -204,6 +217,7 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
                 (0..n).map(|_| Ok((LeaseId(r.i64()?), r.i64()?))).collect::<Result<_, _>>()?;
             Command::LeaseCheckpoint { checkpoints }
         }
+        11 => Command::LeaseGrantCheckpoint { checkpoints: get_grant_checkpoints(&mut r)? },
         20 => Command::AlarmActivate(get_alarm(&mut r)?),
         21 => Command::AlarmDeactivate(get_alarm(&mut r)?),
         crate::command_auth::AUTHORIZED => {
@@ -235,6 +249,23 @@ pub fn decode(raw: &[u8]) -> Result<(u64, Command), DecodeError> {
         return Err(DecodeError("trailing bytes"));
     }
     Ok((id, cmd))
+}
+
+/// `count u32 | (id i64 | grant_index u64 | remaining i64)*` (tag 11).
+fn get_grant_checkpoints(r: &mut R<'_>) -> Result<Vec<GrantCheckpoint>, DecodeError> {
+    // Each checkpoint takes 24 bytes: a count beyond what is left is malformed, and refused
+    // before anything is allocated for it.
+    let n = r.count()?;
+    r.need(n.saturating_mul(24))?;
+    (0..n)
+        .map(|_| {
+            Ok(GrantCheckpoint {
+                id: LeaseId(r.i64()?),
+                grant_index: r.u64()?,
+                remaining: r.i64()?,
+            })
+        })
+        .collect()
 }
 
 /// `member u64 | type u8` (etcd's numbers).

@@ -46,6 +46,7 @@ fn check(cmd: &Command, limits: Limits) -> Result<(), EngineError> {
         | Command::LeaseRevoke { .. }
         | Command::LeaseExpire { .. }
         | Command::LeaseCheckpoint { .. }
+        | Command::LeaseGrantCheckpoint { .. }
         | Command::AlarmActivate(_)
         | Command::AlarmDeactivate(_)
         | Command::Auth(_) => {}

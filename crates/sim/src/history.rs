@@ -414,7 +414,8 @@ impl History {
             Command::PublishMember { .. }
             | Command::Membership { .. }
             | Command::LeaseExpire { .. }
-            | Command::LeaseCheckpoint { .. } => true,
+            | Command::LeaseCheckpoint { .. }
+            | Command::LeaseGrantCheckpoint { .. } => true,
             Command::LeaseRevoke { .. } => {
                 let sent = matches!(self.ops.get(&op), Some(Op { kind: OpKind::Write(c), .. }) if c == cmd);
                 !sent || self.position.contains_key(&op)
@@ -498,7 +499,10 @@ impl History {
             let ok = matches!(e.result, Some(Ok(_)));
             match &e.request {
                 Some((_, Command::PublishMember { .. })) => stats.publishes += 1,
-                Some((_, Command::LeaseCheckpoint { .. })) => stats.lease_checkpoints += 1,
+                Some((
+                    _,
+                    Command::LeaseCheckpoint { .. } | Command::LeaseGrantCheckpoint { .. },
+                )) => stats.lease_checkpoints += 1,
                 Some((_, Command::LeaseGrant { .. })) if ok => stats.lease_grants += 1,
                 Some((_, Command::LeaseRevoke { .. } | Command::LeaseExpire { .. }))
                     if ok && e.own =>

@@ -179,7 +179,8 @@ impl AuthState {
             | Command::PublishMember { .. }
             | Command::LeaseGrant { .. }
             | Command::LeaseExpire { .. }
-            | Command::LeaseCheckpoint { .. } => Ok(()),
+            | Command::LeaseCheckpoint { .. }
+            | Command::LeaseGrantCheckpoint { .. } => Ok(()),
         }
     }
 

@@ -6,6 +6,7 @@ mod common;
 mod concurrency;
 mod hash;
 mod image_stream;
+mod lease;
 mod model;
 mod semantics;
 mod snapshot;

@@ -156,16 +156,19 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// The lease clock follows what was applied: grants start it, revokes stop it, cleared
-    /// checkpoints let keepalives be answered.
+    /// checkpoints of the grants keepalives renewed let those be answered.
     fn lessor_applied(&mut self, cmd: &Command, result: &Result<CommandResponse, KvError>) {
         match (cmd.without_caller(), result) {
             (_, Ok(CommandResponse::LeaseGrant { lease, .. })) => self.lessor_granted(*lease),
             (Command::LeaseRevoke { id } | Command::LeaseExpire { id, .. }, Ok(_)) => {
                 self.lessor_revoked(*id)
             }
-            (Command::LeaseCheckpoint { checkpoints }, Ok(_)) => {
+            (Command::LeaseGrantCheckpoint { checkpoints }, Ok(_)) => {
                 self.lessor_checkpointed(checkpoints)
             }
+            // Checkpoints by id alone come only from an older cairn's log: no keepalive here
+            // waits for one (keepalives wait only for clears this process proposed).
+            (Command::LeaseCheckpoint { .. }, _) => {}
             // One line per compaction, as etcd logs it (every member applies it).
             (Command::Compact(c), Ok(_)) => {
                 tracing::info!(revision = %c.revision, physical = c.physical, "compacted the store")

@@ -22,7 +22,7 @@ use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 use cairn_kv::backend::Backend;
-use cairn_kv::{Command, Lease, LeaseId};
+use cairn_kv::{Command, GrantCheckpoint, Lease, LeaseId};
 use cairn_storage::fs::Dir;
 
 use super::{Read, ReadFor, Replica, Reply};
@@ -52,8 +52,9 @@ pub(super) struct Lessor {
     /// Leases from this id on are not scheduled yet; they expire at the tick given plus their
     /// remaining TTL.
     promoting: Option<(LeaseId, u64)>,
-    /// When each long lease's remaining TTL is next recorded.
-    checkpoints: BinaryHeap<Reverse<(u64, LeaseId)>>,
+    /// When each long lease's remaining TTL is next recorded, with the index of the grant it
+    /// was scheduled for ([`Lease::grant_index`]).
+    checkpoints: BinaryHeap<Reverse<(u64, LeaseId, u64)>>,
     /// Revokes allowed per tick.
     revoke_budget: usize,
 }
@@ -106,6 +107,8 @@ impl Lessor {
 #[derive(Debug)]
 pub(super) struct Renewal<T> {
     id: LeaseId,
+    /// The grant it renews ([`Lease::grant_index`]): its clear names it.
+    grant_index: u64,
     token: T,
     /// The tick at which it is answered with a timeout.
     deadline: u64,
@@ -242,7 +245,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let every = i64::try_from(self.cfg.lease_checkpoint_seconds).unwrap_or(i64::MAX);
         if lease.ttl > every {
             let at = self.ticks + self.lessor.ticks(every);
-            self.lessor.checkpoints.push(Reverse((at, lease.id)));
+            self.lessor.checkpoints.push(Reverse((at, lease.id, lease.grant_index)));
         }
     }
 
@@ -353,8 +356,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let mut s = clock.lock();
         let expired = s.revoking.contains(&id)
             || self.lessor.expires(&s, &lease).is_some_and(|at| at <= self.ticks);
+        let grant_index = lease.grant_index;
         if expired {
-            self.renewals.push(Renewal { id, token, deadline, wait: Wait::Revoke });
+            self.renewals.push(Renewal { id, grant_index, token, deadline, wait: Wait::Revoke });
             return;
         }
         // From now on, so that checkpoints taken before the clear is applied are not stale.
@@ -365,9 +369,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let in_flight = s.checkpoint_in_flight(id, self.store.executed_index());
         drop(s);
         if lease.remaining_ttl > 0 || in_flight {
-            let clear = Command::LeaseCheckpoint { checkpoints: vec![(id, 0)] };
+            // It names the grant it renews: should the lease be revoked and granted anew
+            // before it applies, the new grant's checkpoint is not this keepalive's to clear.
+            let clear = GrantCheckpoint { id, grant_index, remaining: 0 };
+            let clear = Command::LeaseGrantCheckpoint { checkpoints: vec![clear] };
             if self.propose_own(clear) {
-                self.renewals.push(Renewal { id, token, deadline, wait: Wait::Clear });
+                self.renewals.push(Renewal { id, grant_index, token, deadline, wait: Wait::Clear });
             } else {
                 self.work.answers.push((token, Err(EngineError::LeaderTransfer)));
             }
@@ -376,15 +383,25 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.work.answers.push((token, Ok(Reply::LeaseRenewed { ttl: lease.ttl })));
     }
 
-    /// Applied here: checkpoints. Keepalives that waited for their lease's to be cleared are
-    /// answered, and the lease runs its full TTL from now; unless it expired while the clear
-    /// waited for the log and its revoke is proposed: that keepalive waits for the revoke, as
-    /// one of an expired lease does (simulator stack seed 726 found a keepalive told its lease
-    /// ran 2 s more while the commit index stalled behind a follower catching up, and the
-    /// lease revoked at once).
-    pub(super) fn lessor_checkpointed(&mut self, checkpoints: &[(LeaseId, i64)]) {
+    /// Applied here: checkpoints of grants. Keepalives that waited for their grant's to be
+    /// cleared are answered, and the lease runs its full TTL from now; unless it expired while
+    /// the clear waited for the log and its revoke is proposed: that keepalive waits for the
+    /// revoke, as one of an expired lease does (simulator stack seed 726 found a keepalive told
+    /// its lease ran 2 s more while the commit index stalled behind a follower catching up, and
+    /// the lease revoked at once).
+    ///
+    /// The clock follows only a clear that applied to the grant its keepalive renewed. One that
+    /// met a later grant of the same id changed nothing in the store, so it must change nothing
+    /// here either: the later grant keeps the expiry its own grant or keepalives gave it, and
+    /// a keepalive waiting for that grant's own clear goes on waiting for it. Its keepalive
+    /// learns that its grant is gone (its revoke, applied first, answers it; should the store
+    /// not show the grant, it is answered so here).
+    pub(super) fn lessor_checkpointed(&mut self, checkpoints: &[GrantCheckpoint]) {
         let cleared = |r: &Renewal<T>| {
-            r.wait == Wait::Clear && checkpoints.iter().any(|(id, left)| *id == r.id && *left == 0)
+            r.wait == Wait::Clear
+                && checkpoints
+                    .iter()
+                    .any(|c| c.id == r.id && c.grant_index == r.grant_index && c.remaining == 0)
         };
         let (done, wait): (Vec<_>, Vec<_>) =
             std::mem::take(&mut self.renewals).into_iter().partition(cleared);
@@ -392,7 +409,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let clock = self.lessor.clock.clone();
         for r in done {
             let answer = match self.store.lease(r.id) {
-                Some(lease) => {
+                Some(lease) if lease.grant_index == r.grant_index => {
                     // Looked at and renewed under one lock, as `renew_confirmed` does.
                     let mut s = clock.lock();
                     if s.revoking.contains(&r.id) {
@@ -404,7 +421,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                     self.lessor.schedule(&mut s, r.id, at);
                     Ok(Reply::LeaseRenewed { ttl: lease.ttl })
                 }
-                None => Err(EngineError::Kv(cairn_kv::KvError::LeaseNotFound)),
+                // Revoked (and perhaps granted anew) later in the same batch of entries.
+                _ => Err(EngineError::Kv(cairn_kv::KvError::LeaseNotFound)),
             };
             self.work.answers.push((r.token, answer));
         }
@@ -527,7 +545,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// interval later.
     fn checkpoint_due(&mut self) {
         let now = self.ticks;
-        if self.lessor.checkpoints.peek().is_none_or(|Reverse((at, _))| *at > now) {
+        if self.lessor.checkpoints.peek().is_none_or(|Reverse((at, ..))| *at > now) {
             return;
         }
         let mut batch = Vec::new();
@@ -536,7 +554,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let clock = self.lessor.clock.clone();
         let s = clock.lock();
         while batch.len() < CHECKPOINT_BATCH {
-            let Some(Reverse((at, id))) = self.lessor.checkpoints.peek().copied() else { break };
+            let Some(Reverse((at, id, grant))) = self.lessor.checkpoints.peek().copied() else {
+                break;
+            };
             if at > now {
                 break;
             }
@@ -544,13 +564,24 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             let (Some(lease), Some(expires)) = (self.store.lease(id), s.expiry.get(&id)) else {
                 continue;
             };
+            if lease.grant_index != grant {
+                // Scheduled for an earlier grant of the id. The grant the store holds was
+                // scheduled when it was granted (or when this member took over), so going on
+                // with this one too would record that lease twice an interval, and once more
+                // for every time the id is revoked and granted again.
+                continue;
+            }
             // Nor of one found expired, whose revoke is on its way: without it a new leader
-            // counts down from the previous checkpoint, later, never earlier, and it could
-            // land after a client revoked the lease and granted the id anew (in stack seed
-            // 3183 one did, and the new grant counted down from it).
+            // counts down from the previous checkpoint, later, never earlier. (In stack seed
+            // 3183 one landed after a client revoked the lease and granted the id anew, and
+            // the new grant counted down from it; checkpoints now name their grant, so that
+            // one would change nothing.)
             if !clearing.contains(&id) && !s.revoking.contains(&id) {
                 let left = self.lessor.seconds(expires.saturating_sub(now)).max(1);
-                batch.push((id, left));
+                // The store may not have applied yet a client's revoke and grant of the same
+                // id that committed ahead of this batch: naming the grant it counted down
+                // keeps the new one's TTL its own.
+                batch.push(GrantCheckpoint { id, grant_index: lease.grant_index, remaining: left });
             }
             self.schedule_checkpoint(&lease);
         }
@@ -558,10 +589,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if batch.is_empty() {
             return;
         }
-        let ids: Vec<LeaseId> = batch.iter().map(|(id, _)| *id).collect();
+        let ids: Vec<LeaseId> = batch.iter().map(|c| c.id).collect();
         // A refused batch is recorded at the next interval; until then a new leader counts
         // down from the previous checkpoint, which is later, never earlier.
-        if self.propose_own(Command::LeaseCheckpoint { checkpoints: batch }) {
+        if self.propose_own(Command::LeaseGrantCheckpoint { checkpoints: batch }) {
             let at = self.raft.last_index().0;
             let mut s = clock.lock();
             s.checkpointing.extend(ids.into_iter().map(|id| (id, at)));

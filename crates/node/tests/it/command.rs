@@ -170,6 +170,13 @@ fn lease_command() -> impl Strategy<Value = Command> {
         (id(), any::<u64>()).prop_map(|(id, grant_index)| Command::LeaseExpire { id, grant_index }),
         prop::collection::vec((id(), any::<i64>()), 0..3)
             .prop_map(|checkpoints| Command::LeaseCheckpoint { checkpoints }),
+        prop::collection::vec((id(), any::<u64>(), any::<i64>()), 0..3).prop_map(|checkpoints| {
+            let checkpoints = checkpoints
+                .into_iter()
+                .map(|(id, grant_index, remaining)| GrantCheckpoint { id, grant_index, remaining })
+                .collect();
+            Command::LeaseGrantCheckpoint { checkpoints }
+        }),
     ]
 }
 
@@ -244,4 +251,53 @@ fn lease_revokes_keep_their_encoding_and_expiries_name_the_grant() {
     raw.extend_from_slice(&1234u64.to_be_bytes());
     assert_eq!(encode(42, &expire).to_vec(), raw);
     assert_eq!(decode(&raw), Ok((42, expire)));
+}
+
+/// A checkpoint an older cairn wrote (tag 8, leases by id alone) still decodes as the checkpoint
+/// by id it was; checkpoints that name their grant have a tag of their own (11), each record
+/// `id i64 | grant_index u64 | remaining i64`.
+#[test]
+fn checkpoints_by_id_keep_their_encoding_and_checkpoints_of_a_grant_name_it() {
+    let mut old = vec![1u8];
+    old.extend_from_slice(&42u64.to_be_bytes());
+    old.push(8);
+    old.extend_from_slice(&2u32.to_be_bytes());
+    for (id, remaining) in [(9i64, 30i64), (-4, 0)] {
+        old.extend_from_slice(&id.to_be_bytes());
+        old.extend_from_slice(&remaining.to_be_bytes());
+    }
+    let by_id = Command::LeaseCheckpoint { checkpoints: vec![(LeaseId(9), 30), (LeaseId(-4), 0)] };
+    assert_eq!(decode(&old), Ok((42, by_id.clone())));
+    assert_eq!(encode(42, &by_id).to_vec(), old);
+
+    let of_grant = GrantCheckpoint { id: LeaseId(9), grant_index: 1234, remaining: 30 };
+    let cmd = Command::LeaseGrantCheckpoint { checkpoints: vec![of_grant] };
+    let mut raw = old[..9].to_vec();
+    raw.push(11);
+    raw.extend_from_slice(&1u32.to_be_bytes());
+    raw.extend_from_slice(&9i64.to_be_bytes());
+    raw.extend_from_slice(&1234u64.to_be_bytes());
+    raw.extend_from_slice(&30i64.to_be_bytes());
+    assert_eq!(encode(42, &cmd).to_vec(), raw);
+    assert_eq!(decode(&raw), Ok((42, cmd)));
+}
+
+/// A checkpoint count larger than the input could hold is refused before anything is made for
+/// it, for either tag.
+#[test]
+fn a_checkpoint_count_beyond_the_input_is_refused() {
+    for (tag, record) in [(8u8, 16usize), (11, 24)] {
+        let mut raw = vec![1u8];
+        raw.extend_from_slice(&7u64.to_be_bytes());
+        raw.push(tag);
+        // Two records claimed, one and a half present: within the bytes-per-element bound
+        // `count` checks, beyond the record size.
+        raw.extend_from_slice(&2u32.to_be_bytes());
+        raw.extend(std::iter::repeat_n(0u8, record + record / 2));
+        let err = decode(&raw).map(|_| ()).map_err(|e| e.to_string());
+        assert_eq!(err, Err("malformed command: truncated".into()), "tag {tag}");
+        let mut huge = raw[..10].to_vec();
+        huge.extend_from_slice(&u32::MAX.to_be_bytes());
+        assert!(decode(&huge).is_err(), "tag {tag}");
+    }
 }

@@ -1,7 +1,8 @@
 //! The leader's lease commands (expiries, checkpoints, a keepalive's clear) on the replicas of
-//! `replica.rs` driven by hand: what happens when they commit long after they were proposed.
+//! `replica.rs` driven by hand: what happens when they commit long after they were proposed,
+//! or after the lease they were made for was granted anew.
 
-use cairn_kv::{Command, LeaseId};
+use cairn_kv::{Command, GrantCheckpoint, LeaseId};
 use cairn_node::Reply;
 use cairn_raft::EntryPayload;
 
@@ -13,8 +14,13 @@ const EVERY: u64 = 10;
 /// Three members, member 1 leading, recording long leases' remaining TTLs every
 /// `checkpoint_seconds`.
 fn cluster_checkpointing(checkpoint_seconds: u64) -> Net {
+    cluster_compacting(checkpoint_seconds, EVERY)
+}
+
+/// [`cluster_checkpointing`], compacting the log every `every` entries applied.
+fn cluster_compacting(checkpoint_seconds: u64, every: u64) -> Net {
     let mut net = Net::with_configs(&[1, 2, 3], |id| {
-        let mut cfg = config(id, EVERY);
+        let mut cfg = config(id, every);
         cfg.lease_checkpoint_seconds = checkpoint_seconds;
         cfg
     });
@@ -166,4 +172,78 @@ fn a_keepalive_behind_a_checkpoint_on_its_way_clears_it() {
     assert_eq!(net.get(1).answers, vec![(99, Ok(Reply::LeaseRenewed { ttl: 10 }))]);
     let lease = net.get(1).replica.store().lease(LeaseId(7)).expect("renewed");
     assert_eq!(lease.remaining_ttl, 0, "the checkpoint from before the renewal is cleared");
+}
+
+/// The lease checkpoints in `r`'s log, in log order.
+fn checkpoints_in_log(r: &R) -> Vec<GrantCheckpoint> {
+    let data = r.raft().log_entries().iter().filter_map(|e| match &e.payload {
+        EntryPayload::Normal(d) if !d.is_empty() => Some(d.clone()),
+        _ => None,
+    });
+    data.filter_map(|d| match cairn_node::command::decode(&d).unwrap().1 {
+        Command::LeaseGrantCheckpoint { checkpoints } => Some(checkpoints),
+        _ => None,
+    })
+    .flatten()
+    .collect()
+}
+
+/// A checkpoint the leader took while a client's revoke and grant of the same id were in the
+/// log ahead of it but not applied in its store counted down the old grant, and landed on the
+/// new one: a new leader would have counted the new grant down from the old grant's clock, and
+/// expired it early. Checkpoints name the grant they were taken for, and applied to a later
+/// grant they change nothing.
+#[test]
+fn a_checkpoint_that_commits_late_leaves_a_new_grant_of_the_same_id_alone() {
+    // Checkpoints every second: some during the stall's making, and one during the stall.
+    let mut net = cluster_checkpointing(1);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 1);
+    net.stabilize();
+    let old = net.get(1).replica.store().lease(LeaseId(7)).expect("granted").grant_index;
+    stall(&mut net);
+    // The client's revoke and grant go into the log, ahead of the next checkpoint, and wait
+    // for the commit index with it.
+    net.get(1).propose(&Command::LeaseRevoke { id: LeaseId(7) }, 2);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 3);
+    net.stabilize();
+    let new = net.get(1).replica.raft().last_index().0;
+    let before = checkpoints_in_log(&net.get(1).replica).len();
+    tick_until_proposed(&mut net, 20);
+    // Taken from a store that still holds the old grant, counted down from its clock.
+    let taken = checkpoints_in_log(&net.get(1).replica).split_off(before);
+    assert!(
+        taken.iter().any(|c| c.id == LeaseId(7) && c.grant_index == old && c.remaining > 0),
+        "a checkpoint of the old grant: {taken:?}"
+    );
+    unstall(&mut net);
+    for id in [1, 3] {
+        let lease = net.get(id).replica.store().lease(LeaseId(7)).expect("the new grant");
+        assert_eq!(lease.grant_index, new, "member {id}");
+        // What a new leader would count down from: the new grant's full TTL.
+        assert_eq!(lease.remaining_ttl, 0, "member {id}: the old grant's checkpoint landed");
+    }
+}
+
+/// The leader kept a revoked grant's checkpoint schedule going once the id was granted again,
+/// beside the new grant's own: the new grant was recorded twice an interval (and once more for
+/// every regrant of the id). Each grant has one schedule.
+#[test]
+fn a_lease_granted_again_is_checkpointed_once_an_interval() {
+    // The log is not compacted during the test: every checkpoint stays in it to be counted.
+    let mut net = cluster_compacting(1, 1000);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 1);
+    net.stabilize();
+    // Half an interval on: the old grant's next checkpoint is half an interval from the new's.
+    net.tick_all(5);
+    net.get(1).propose(&Command::LeaseRevoke { id: LeaseId(7) }, 2);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 3);
+    net.stabilize();
+    let new = net.get(1).replica.store().lease(LeaseId(7)).expect("granted again").grant_index;
+    // Four intervals of 11 ticks (a second and the tick it may start in).
+    net.tick_all(44);
+    let of_new = checkpoints_in_log(&net.get(1).replica)
+        .into_iter()
+        .filter(|c| c.id == LeaseId(7) && c.grant_index == new)
+        .count();
+    assert_eq!(of_new, 4, "checkpoints of the new grant in four intervals");
 }

@@ -110,6 +110,28 @@ fn expiries_and_checkpoints_members_propose_are_accepted_and_a_revoke_takes_ever
     assert_eq!((stats.lease_checkpoints, stats.lease_queries_checked), (1, 3));
 }
 
+/// A checkpoint a member took for a grant, committed after a client revoked the lease and
+/// granted its id anew, is the member's own entry, counted as a checkpoint, and leaves the new
+/// grant's remaining TTL as it was, as every store must.
+#[test]
+fn a_checkpoint_of_an_earlier_grant_is_accepted_and_leaves_the_new_grant_alone() {
+    let mut l = Log::new();
+    l.client(1, Command::LeaseGrant { id: LeaseId(5), ttl: 20 }).unwrap();
+    l.client(2, Command::LeaseRevoke { id: LeaseId(5) }).unwrap();
+    l.client(3, Command::LeaseGrant { id: LeaseId(5), ttl: 20 }).unwrap();
+    let taken = |grant_index, remaining| GrantCheckpoint { id: LeaseId(5), grant_index, remaining };
+    // Request id 900, which no client sent: the leader's own.
+    let stale = Command::LeaseGrantCheckpoint { checkpoints: vec![taken(1, 7)] };
+    assert_eq!(l.append(900, stale), Ok(CommandResponse::LeaseCheckpoint));
+    let new = Lease { id: LeaseId(5), ttl: 20, remaining_ttl: 0, grant_index: 3 };
+    assert_eq!(l.h.model_leases(), vec![new]);
+    let own = Command::LeaseGrantCheckpoint { checkpoints: vec![taken(3, 12)] };
+    l.append(901, own).unwrap();
+    assert_eq!(l.h.model_leases(), vec![Lease { remaining_ttl: 12, ..new }]);
+    let stats = l.h.check().unwrap_or_else(|v| panic!("{}", v.0));
+    assert_eq!((stats.lease_checkpoints, stats.lease_grants, stats.lease_revokes), (2, 2, 1));
+}
+
 #[test]
 fn a_member_whose_revoke_keeps_the_keys_is_caught() {
     let mut l = Log::new();

@@ -184,7 +184,8 @@ pub fn publish() -> impl Strategy<Value = Command> {
     prop_oneof![3 => publish, 1 => membership]
 }
 
-/// Lease grants, revokes, expiries and checkpoints over three lease ids (so they collide).
+/// Lease grants, revokes, expiries and checkpoints (by id, as an older cairn wrote them, and of
+/// a grant) over three lease ids (so they collide).
 pub fn lease_cmd() -> impl Strategy<Value = Command> {
     let id = || (1i64..4).prop_map(LeaseId);
     prop_oneof![
@@ -194,6 +195,14 @@ pub fn lease_cmd() -> impl Strategy<Value = Command> {
         1 => (id(), 0u64..40).prop_map(|(id, grant_index)| Command::LeaseExpire { id, grant_index }),
         1 => prop::collection::vec((id(), 0i64..100), 0..3)
             .prop_map(|checkpoints| Command::LeaseCheckpoint { checkpoints }),
+        // As for expiries, grant indexes that now and then name a grant of the run.
+        1 => prop::collection::vec((id(), 0u64..40, 0i64..100), 0..3).prop_map(|checkpoints| {
+            let checkpoints = checkpoints
+                .into_iter()
+                .map(|(id, grant_index, remaining)| GrantCheckpoint { id, grant_index, remaining })
+                .collect();
+            Command::LeaseGrantCheckpoint { checkpoints }
+        }),
     ]
 }
 
