@@ -361,6 +361,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.renewals.push(Renewal { id, grant_index, token, deadline, wait: Wait::Revoke });
             return;
         }
+        // A lease this leader has not scheduled yet (it inherited it, and pages such leases in
+        // on its ticks) gets its checkpoints here: paging skips a lease a keepalive already
+        // scheduled, and it would otherwise be recorded by no one for this whole leadership.
+        let unscheduled = !s.expiry.contains_key(&id);
         // From now on, so that checkpoints taken before the clear is applied are not stale.
         let at = self.ticks + self.lease_ticks(lease.ttl);
         self.lessor.schedule(&mut s, id, at);
@@ -368,6 +372,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         // would land after it: a clear proposed now lands after that one.
         let in_flight = s.checkpoint_in_flight(id, self.store.executed_index());
         drop(s);
+        if unscheduled {
+            self.schedule_checkpoint(&lease);
+        }
         if lease.remaining_ttl > 0 || in_flight {
             // It names the grant it renews: should the lease be revoked and granted anew
             // before it applies, the new grant's checkpoint is not this keepalive's to clear.

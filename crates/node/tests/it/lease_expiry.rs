@@ -247,3 +247,30 @@ fn a_lease_granted_again_is_checkpointed_once_an_interval() {
         .count();
     assert_eq!(of_new, 4, "checkpoints of the new grant in four intervals");
 }
+
+#[test]
+fn a_lease_renewed_on_a_new_leader_before_it_is_paged_in_is_still_checkpointed() {
+    // Checkpoints every second; the log is not compacted during the test.
+    let mut net = cluster_compacting(1, 1000);
+    net.get(1).propose(&Command::LeaseGrant { id: LeaseId(7), ttl: 10 }, 1);
+    net.stabilize();
+    // A leadership transfer: member 2 campaigns at once, with no tick in between.
+    net.get(1).replica.handle_move_leader(cairn_raft::NodeId(2), 98);
+    net.stabilize();
+    assert_eq!(net.get(2).replica.raft().role(), cairn_raft::Role::Leader);
+    // Member 2 leads and has applied the grant, but pages the leases it inherits in on its
+    // ticks: a keepalive now reaches it first.
+    net.get(2).replica.handle_lease_renew(LeaseId(7), 99);
+    net.stabilize();
+    let renewed = net.get(2).answers.iter().any(|(t, a)| *t == 99 && a.is_ok());
+    assert!(renewed, "the keepalive is answered: {:?}", net.get(2).answers);
+    let before = checkpoints_in_log(&net.get(2).replica).len();
+    // Four intervals of 11 ticks (a second and the tick it may start in).
+    net.tick_all(44);
+    let after = checkpoints_in_log(&net.get(2).replica)
+        .into_iter()
+        .skip(before)
+        .filter(|c| c.id == LeaseId(7) && c.remaining > 0)
+        .count();
+    assert!(after >= 3, "the new leader records the lease's remaining TTL ({after} checkpoints)");
+}
