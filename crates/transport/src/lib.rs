@@ -424,9 +424,17 @@ fn dial_key(p: &PeerAddr) -> (SocketAddr, Option<String>) {
 
 impl Drop for Transport {
     fn drop(&mut self) {
-        if let Some(rt) = self.runtime.take() {
-            // Allowed inside an async context too, unlike dropping the runtime.
+        let Some(rt) = self.runtime.take() else { return };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            // Waiting is not allowed inside an async context; dropping the runtime would panic.
             rt.shutdown_background();
+        } else {
+            // The engine's driver thread drops its transport when it stops: waiting here for
+            // the tasks to be dropped releases what they hold (the engine's shared state, and
+            // with it the store's LMDB environment) before `Engine::stop` returns, so the same
+            // directory can be opened again at once. A task stuck in a blocking call is not
+            // waited for past the bound.
+            rt.shutdown_timeout(std::time::Duration::from_secs(5));
         }
     }
 }

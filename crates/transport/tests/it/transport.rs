@@ -254,3 +254,24 @@ fn snapshots_go_on_their_own_connection_and_report_their_outcome() {
         }
     }
 }
+
+#[test]
+fn a_transport_dropped_outside_async_code_has_released_its_sink_when_the_drop_returns() {
+    // An engine's driver thread drops its transport when it stops. What the transport's tasks
+    // hold (the sink, and through it the engine's store) must be released by then, or the
+    // same data directory cannot be opened again at once (LMDB: already open in this process).
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (tx, _ra) = channel();
+    let sink = Arc::new(Collect(Mutex::new(tx)));
+    let mut cfg = TransportConfig::new(7, A);
+    cfg.listeners.push(la.into());
+    cfg.peers = BTreeMap::from([(B, vec![ab.into()])]);
+    let ta = Transport::start(cfg, sink.clone()).expect("transport starts");
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    // Connections both ways, each with tasks of its own.
+    ta.send([heartbeat(A, B, 1)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 1));
+    assert!(Arc::strong_count(&sink) > 1, "the transport holds the sink");
+    drop(ta);
+    assert_eq!(Arc::strong_count(&sink), 1, "the transport's tasks still hold the sink");
+}
