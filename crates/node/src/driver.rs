@@ -82,6 +82,33 @@ pub(crate) struct Notify {
 
 /// Requests a turn takes at most before the replica processes them.
 const BATCH_MAX: usize = 4096;
+/// Bytes of entries (appended by peers, proposed by clients) after which a turn takes no more
+/// inputs. A follower catching up is sent up to 256 messages of 1 MiB at once; taken in one
+/// turn, their write and apply kept a learner silent for more than an election timeout, and
+/// its leader, taking it for down, stopped keeping the log for it and sent it a second 1 GB
+/// snapshot (`scripts/snapshot_join.sh`, 2026-11-28). 4 MiB is tens of milliseconds of work.
+const TURN_BYTES: u64 = 4 << 20;
+
+/// Takes `first`, then what else is queued, into `batch`: up to [`BATCH_MAX`] inputs, or
+/// until they bring [`TURN_BYTES`] of entries.
+fn take_turn(rx: &Receiver<Input>, first: Input, batch: &mut Vec<Input>) {
+    let mut bytes = weight(&first);
+    batch.push(first);
+    while batch.len() < BATCH_MAX && bytes < TURN_BYTES {
+        let Ok(input) = rx.try_recv() else { break };
+        bytes += weight(&input);
+        batch.push(input);
+    }
+}
+
+/// The entry bytes an input brings to a turn (see [`TURN_BYTES`]).
+fn weight(input: &Input) -> u64 {
+    match input {
+        Input::Propose { data, .. } => data.len() as u64,
+        Input::Peer(PeerInput::Message(msg)) => crate::peer_inbox::cost(msg),
+        _ => 0,
+    }
+}
 
 pub(crate) struct Driver {
     replica: EngineReplica,
@@ -96,6 +123,8 @@ pub(crate) struct Driver {
     notify: Notify,
     /// This member was removed from the cluster: it stops serving.
     removed: bool,
+    /// The inputs of the current turn (kept to reuse its allocation).
+    batch: Vec<Input>,
 }
 
 impl Driver {
@@ -118,6 +147,7 @@ impl Driver {
             leader: None,
             notify,
             removed: false,
+            batch: Vec::new(),
         }
     }
 
@@ -171,15 +201,14 @@ impl Driver {
             }
             match first {
                 Ok(input) => {
-                    if !self.accept(input)? {
-                        return Ok(());
-                    }
-                    for _ in 1..BATCH_MAX {
-                        let Ok(input) = self.rx.try_recv() else { break };
+                    let mut batch = std::mem::take(&mut self.batch);
+                    take_turn(&self.rx, input, &mut batch);
+                    for input in batch.drain(..) {
                         if !self.accept(input)? {
                             return Ok(());
                         }
                     }
+                    self.batch = batch;
                 }
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return Ok(()),
@@ -356,5 +385,54 @@ impl Driver {
         s.raft_applied_index = raft.applied_index().0;
         drop(s);
         self.shared.sole_voter.store(self.replica.is_sole_voter_leader(), Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn append(bytes: usize) -> Input {
+        use cairn_raft::{Entry, EntryPayload, LogIndex, Message, MessageBody, NodeId, Term};
+        let entry = Entry {
+            term: Term(1),
+            index: LogIndex(1),
+            payload: EntryPayload::Normal(Bytes::from(vec![0; bytes])),
+        };
+        let body = MessageBody::Append {
+            prev_index: LogIndex(0),
+            prev_term: Term(0),
+            entries: vec![entry],
+            commit: LogIndex(0),
+        };
+        Input::Peer(PeerInput::Message(Message {
+            from: NodeId(2),
+            to: NodeId(1),
+            term: Term(1),
+            body,
+        }))
+    }
+
+    #[test]
+    fn a_turn_takes_a_few_mib_of_entries_and_leaves_the_rest_queued() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..256 {
+            tx.send(append(1 << 20)).expect("queued");
+        }
+        let mut batch = Vec::new();
+        take_turn(&rx, rx.try_recv().expect("queued"), &mut batch);
+        assert_eq!(batch.len(), 4, "four appends of 1 MiB reach the bound");
+        assert_eq!(rx.try_iter().count(), 252, "the rest wait for the next turns");
+    }
+
+    #[test]
+    fn a_turn_takes_every_small_input_queued_up_to_the_count_bound() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..5000 {
+            tx.send(Input::LeaseRound).expect("queued");
+        }
+        let mut batch = Vec::new();
+        take_turn(&rx, Input::LeaseRound, &mut batch);
+        assert_eq!(batch.len(), BATCH_MAX);
     }
 }
