@@ -207,6 +207,14 @@ pub async fn serve(
     let listen = Listen::check(&cfg)?;
     let engine = Arc::new(tokio::task::block_in_place(|| Engine::open(cfg.engine.clone()))?);
     let served = serve_api(engine.clone(), &cfg, listen, shutdown, Owner::Server).await;
+    // The streams' tasks (watches, keepalives) end a moment after the server stops, and the
+    // last holder of the engine closes its database. Waiting for them (a bounded while) means
+    // that when `serve` returns the data directory is free: a program that serves, stops and
+    // opens it again (a restore, a test) does not find its LMDB environment still open.
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    while Arc::strong_count(&engine) > 1 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
     tokio::task::block_in_place(|| engine.stop());
     served
 }
