@@ -138,11 +138,7 @@ impl<V: BackendView> Exec<'_, V> {
 
     fn lease_checkpoint(&mut self, checkpoints: &[(LeaseId, i64)]) -> CommandResponse {
         for (id, remaining) in checkpoints {
-            if let Some(l) = self.leases.leases.get_mut(id) {
-                l.remaining_ttl = *remaining;
-                let encoded = encode_lease(l);
-                self.batch.leases.push((*id, Some(encoded)));
-            }
+            self.record_remaining(*id, None, *remaining);
         }
         CommandResponse::LeaseCheckpoint
     }
@@ -151,13 +147,20 @@ impl<V: BackendView> Exec<'_, V> {
     /// a later grant under the same id counts down from its own start, not from this.
     fn lease_grant_checkpoint(&mut self, checkpoints: &[GrantCheckpoint]) -> CommandResponse {
         for c in checkpoints {
-            let Some(l) = self.leases.leases.get_mut(&c.id) else { continue };
-            if l.grant_index == c.grant_index {
-                l.remaining_ttl = c.remaining;
-                let encoded = encode_lease(l);
-                self.batch.leases.push((c.id, Some(encoded)));
-            }
+            self.record_remaining(c.id, Some(c.grant_index), c.remaining);
         }
         CommandResponse::LeaseCheckpoint
+    }
+
+    /// Sets a lease's remaining TTL and stores it, if the lease exists and, when `grant` names
+    /// one, is that grant.
+    fn record_remaining(&mut self, id: LeaseId, grant: Option<u64>, remaining: i64) {
+        let Some(l) = self.leases.leases.get_mut(&id) else { return };
+        if grant.is_some_and(|g| g != l.grant_index) {
+            return;
+        }
+        l.remaining_ttl = remaining;
+        let encoded = encode_lease(l);
+        self.batch.leases.push((id, Some(encoded)));
     }
 }
