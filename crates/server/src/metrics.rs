@@ -21,7 +21,7 @@ use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 
-pub(crate) use grpc::{Counted, GrpcCall, GRPC};
+pub(crate) use grpc::{Counted, GrpcCall, MethodStats, GRPC};
 
 /// The OpenMetrics content type `prometheus-client` encodes (Prometheus scrapes it natively).
 pub(crate) const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";

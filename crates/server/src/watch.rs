@@ -26,7 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::{Authn, Credentials};
 use crate::convert::kv_pb;
 use crate::errors::status;
-use crate::metrics::{WatchStats, GRPC, WATCH};
+use crate::metrics::{MethodStats, WatchStats, GRPC, WATCH};
 use crate::pipe::{pipe, Sender};
 use crate::services::Ctx;
 
@@ -160,11 +160,9 @@ impl Served {
                 Turn::Read(Ok(None)) => self.ended = Some(Box::new(Ok(()))),
                 Turn::Read(Err(e)) => self.ended = Some(Box::new(Err(e))),
                 Turn::Ready(ready) => {
-                    let reply = Box::new(Ok(self.outbox.pop().expect("checked")));
-                    if ready.and_then(|()| self.tx.push(reply)).is_err() {
+                    if ready.and_then(|()| self.hand_over(counts)).is_err() {
                         break None;
                     }
-                    counts.sent();
                 }
                 Turn::Reply(Ok(reply)) => {
                     WATCH.events_sent.fetch_add(reply.events.len() as u64, Ordering::Relaxed);
@@ -175,9 +173,8 @@ impl Served {
                     self.outbox.reverse();
                     // What fits goes now: a turn of the loop only to learn that the pipe has
                     // room would cost a select per reply, with every watcher's event (fan-out).
-                    match self.hand_over() {
-                        Ok(n) => (0..n).for_each(|_| counts.sent()),
-                        Err(crate::pipe::Closed) => break None,
+                    if self.hand_over(counts).is_err() {
+                        break None;
                     }
                 }
                 Turn::Reply(Err(e)) => break Some(Last::Error(status(e))),
@@ -202,18 +199,19 @@ impl Served {
         }
     }
 
-    /// Moves replies from the outbox to the pipe while it has room; how many it moved.
-    fn hand_over(&mut self) -> Result<usize, crate::pipe::Closed> {
+    /// Moves replies from the outbox to the pipe while it has room, counting each as sent.
+    fn hand_over(&mut self, counts: &MethodStats) -> Result<(), crate::pipe::Closed> {
         let room = self.tx.room()?.min(self.outbox.len());
         for _ in 0..room {
             let reply = self.outbox.pop().expect("counted");
             self.tx.push(Box::new(Ok(reply)))?;
+            counts.sent();
         }
         if self.outbox.is_empty() {
             // Replaced, not kept: an idle stream holds no spare capacity.
             self.outbox = Vec::new();
         }
-        Ok(room)
+        Ok(())
     }
 
     /// Brings the process' watcher gauge up to this stream's count.
