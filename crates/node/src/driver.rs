@@ -271,7 +271,8 @@ impl Driver {
         let transport = &self.transport;
         self.replica.process_with(&mut |msgs| {
             if let Some(t) = transport {
-                t.send(msgs.drain(..));
+                // Written on this thread if the peer's queue is empty: a round waits for these.
+                t.send_now(msgs.drain(..));
             }
         })?;
         self.carry_out()

@@ -81,6 +81,11 @@ impl FaultyDir {
         self.lock().ops
     }
 
+    /// Operations written but not yet made durable by a sync, over every file.
+    pub fn unsynced_ops(&self) -> usize {
+        self.lock().files.values().map(|f| f.pending.len()).sum()
+    }
+
     /// Simulates power loss: unsynced operations are lost, except a random prefix (the last one
     /// possibly torn) chosen from `seed`. Injected failures are cleared.
     pub fn crash(&self, seed: u64) {

@@ -2,7 +2,9 @@
 //!
 //! Each member dials every peer once and keeps that connection for its Raft messages (votes,
 //! appends, heartbeats, forwarded proposals and reads), writing whatever has queued up as one
-//! frame per write: many messages per syscall under load, one at a time when idle. A snapshot
+//! frame per write: many messages per syscall under load, one at a time when idle. The messages
+//! a round waits for may be written on the caller's thread instead ([`Transport::send_now`],
+//! `direct.rs`), sparing them the hand-off to the transport's thread. A snapshot
 //! goes over a connection of its own, so a large image never holds up a heartbeat behind it
 //! (etcd keeps snapshots on a separate stream for the same reason), and its outcome is reported
 //! back to the core.
@@ -26,6 +28,7 @@
 //! engine is embedded in a program with or without a runtime.
 
 pub mod codec;
+mod direct;
 mod frame_io;
 pub mod histogram;
 pub mod images;
@@ -403,14 +406,36 @@ impl Transport {
         self.addrs = peers;
     }
 
-    /// Queues messages for their peers, in order per peer. Never blocks.
+    /// Queues messages for their peers, in order per peer, for the transport's thread to
+    /// write. Never blocks.
     pub fn send(&self, msgs: impl IntoIterator<Item = Message>) {
+        self.dispatch(msgs, false);
+    }
+
+    /// As [`Transport::send`], but a peer's batch is written on the caller's thread when
+    /// nothing is queued for that peer (see `direct.rs`): no hand-off to the transport's thread
+    /// on the way out, for the messages a round waits for. The write never blocks; what the
+    /// socket does not take at once is queued.
+    pub fn send_now(&self, msgs: impl IntoIterator<Item = Message>) {
+        self.dispatch(msgs, true);
+    }
+
+    fn dispatch(&self, msgs: impl IntoIterator<Item = Message>, now: bool) {
         let Some(rt) = &self.runtime else { return };
+        // Gathered per peer, so that each peer's share goes out in one write.
+        let mut batches: Vec<(NodeId, Vec<Message>)> = Vec::new();
         for msg in msgs {
             if matches!(msg.body, MessageBody::Snapshot { .. }) {
                 self.snapshots.send(rt, msg);
-            } else if let Some(peer) = self.peers.get(&msg.to) {
-                peer.send(msg);
+            } else if let Some((_, b)) = batches.iter_mut().find(|(to, _)| *to == msg.to) {
+                b.push(msg);
+            } else {
+                batches.push((msg.to, vec![msg]));
+            }
+        }
+        for (to, batch) in batches {
+            if let Some(peer) = self.peers.get(&to) {
+                peer.send(batch, now);
             }
         }
     }

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio::time::timeout;
 
 use crate::codec::{self, DecodeError, Hello, StreamKind};
+use crate::direct::{Direct, Wrote};
 use crate::images::{InlineImage, OutgoingImages};
 use crate::stream_out::{self, Outgoing, SnapshotStats};
 use crate::{PeerAddr, Sink};
@@ -109,12 +110,22 @@ impl From<DecodeError> for DialError {
     }
 }
 
-/// The sending side toward one peer: a bounded queue drained by a writer task.
+/// What the writer task writes: a message, or the rest of a batch the caller began writing
+/// itself ([`crate::direct`]).
+pub(crate) enum Item {
+    Message(Message),
+    Rest(Vec<u8>),
+}
+
+/// The sending side toward one peer: written directly while its queue is empty (see
+/// [`crate::direct`]), otherwise a bounded queue drained by a writer task.
 pub(crate) struct Peer {
     id: NodeId,
     /// The round-trip prober's task, stopped with the peer.
     prober: Option<tokio::task::AbortHandle>,
-    tx: mpsc::Sender<Message>,
+    tx: mpsc::Sender<Item>,
+    direct: Arc<Direct>,
+    sent: Arc<crate::PeerBytes>,
     /// Set once the peer was reported unreachable; cleared by the next successful write, so a
     /// peer that stays down is reported once, not for every dropped heartbeat.
     reported: Arc<AtomicBool>,
@@ -137,16 +148,67 @@ impl Peer {
             let probe = crate::probe::run(link.clone(), id, addrs.clone(), every, sent.clone());
             rt.spawn(probe).abort_handle()
         });
-        let writer =
-            Writer { link: link.clone(), to: id, addrs, rx, reported: reported.clone(), sent };
+        let direct = Arc::new(Direct::default());
+        let writer = Writer {
+            link: link.clone(),
+            to: id,
+            addrs,
+            rx,
+            reported: reported.clone(),
+            sent: sent.clone(),
+            direct: direct.clone(),
+        };
         rt.spawn(writer.run());
-        Peer { id, prober, tx, reported, sink: link.sink.clone() }
+        Peer { id, prober, tx, direct, sent, reported, sink: link.sink.clone() }
     }
 
-    pub(crate) fn send(&self, msg: Message) {
-        if self.tx.try_send(msg).is_err() {
-            report_unreachable(&self.reported, &*self.sink, self.id);
+    /// Sends a batch of messages to this peer, in order after everything sent before: written
+    /// at once on this thread if `now` and nothing is queued, otherwise queued.
+    pub(crate) fn send(&self, msgs: Vec<Message>, now: bool) {
+        if msgs.is_empty() {
+            return;
         }
+        if !now {
+            self.queue(msgs);
+            return;
+        }
+        let wrote = self.direct.write(
+            |buf| encode_frames(&msgs, buf),
+            // Queued under the direct lock: nothing can go before it.
+            |rest| self.enqueue(Item::Rest(rest)),
+        );
+        match wrote {
+            Wrote::Queue => self.queue(msgs),
+            Wrote::All(n) | Wrote::Part(n) => self.written(n),
+            Wrote::Failed(e) => {
+                tracing::debug!(peer = %hex(self.id), "write to peer failed: {e}");
+                report_unreachable(&self.reported, &*self.sink, self.id);
+            }
+        }
+    }
+
+    fn queue(&self, msgs: Vec<Message>) {
+        for m in msgs {
+            if !self.enqueue(Item::Message(m)) {
+                report_unreachable(&self.reported, &*self.sink, self.id);
+            }
+        }
+    }
+
+    fn written(&self, n: usize) {
+        crate::PeerBytes::add(&self.sent.sent, n);
+        self.reported.store(false, Ordering::Relaxed);
+    }
+
+    /// Queues an item for the writer task; false when the queue is full or closed.
+    fn enqueue(&self, item: Item) -> bool {
+        // Counted before it is queued: the writer may take and write it at once.
+        self.direct.queued.fetch_add(1, Ordering::AcqRel);
+        if self.tx.try_send(item).is_ok() {
+            return true;
+        }
+        self.direct.queued.fetch_sub(1, Ordering::AcqRel);
+        false
     }
 }
 
@@ -168,9 +230,10 @@ struct Writer {
     link: Link,
     to: NodeId,
     addrs: Vec<PeerAddr>,
-    rx: mpsc::Receiver<Message>,
+    rx: mpsc::Receiver<Item>,
     reported: Arc<AtomicBool>,
     sent: Arc<crate::PeerBytes>,
+    direct: Arc<Direct>,
 }
 
 impl Writer {
@@ -188,9 +251,15 @@ impl Writer {
                     down = false;
                     backoff = MIN_BACKOFF;
                     let pumped = match conn {
-                        Conn::Plain(c) => self.pump(c).await,
+                        Conn::Plain(c) => {
+                            self.direct.attach(&c);
+                            self.pump(c).await
+                        }
                         Conn::Tls(c) => self.pump(*c).await,
                     };
+                    // Before the queue is emptied below: a batch begun on this connection
+                    // must not be finished on the next.
+                    self.direct.detach();
                     if let Err(e) = pumped {
                         tracing::warn!(peer = %hex(self.to), "lost connection to peer: {e}");
                     }
@@ -212,6 +281,7 @@ impl Writer {
             // appends the leader will resend after probing): drop it rather than replay it.
             let mut dropped = false;
             while self.rx.try_recv().is_ok() {
+                self.direct.queued.fetch_sub(1, Ordering::AcqRel);
                 dropped = true;
             }
             if dropped || down {
@@ -228,19 +298,41 @@ impl Writer {
         let mut batch = Vec::with_capacity(MAX_BATCH);
         loop {
             let Some(first) = self.rx.recv().await else { return Ok(()) };
-            batch.push(first);
-            while batch.len() < MAX_BATCH {
-                match self.rx.try_recv() {
-                    Ok(m) => batch.push(m),
-                    Err(_) => break,
+            let mut items = 1;
+            buf.clear();
+            let mut next = Some(first);
+            while let Some(item) = next.take() {
+                match item {
+                    Item::Message(m) => batch.push(m),
+                    Item::Rest(rest) => {
+                        // The rest of a batch begun directly (always first in the queue, as
+                        // it is queued only when nothing else is).
+                        if !batch.is_empty() {
+                            encode_frames(&batch, &mut buf);
+                            batch.clear();
+                        }
+                        buf.extend_from_slice(&rest);
+                    }
+                }
+                if items < MAX_BATCH {
+                    next = self.rx.try_recv().ok();
+                    items += usize::from(next.is_some());
                 }
             }
-            buf.clear();
-            encode_frames(&batch, &mut buf);
-            batch.clear();
-            conn.write_all(&buf).await?;
+            if !batch.is_empty() {
+                encode_frames(&batch, &mut buf);
+                batch.clear();
+            }
+            let written = conn.write_all(&buf).await;
             // rustls may hold the last record until flushed; a no-op on a bare socket.
-            conn.flush().await?;
+            let flushed = match written {
+                Ok(()) => conn.flush().await,
+                Err(e) => Err(e),
+            };
+            // Written (or lost with the connection): the caller may write directly again once
+            // nothing else is queued.
+            self.direct.queued.fetch_sub(items, Ordering::AcqRel);
+            flushed?;
             crate::PeerBytes::add(&self.sent.sent, buf.len());
             self.reported.store(false, Ordering::Relaxed);
             if buf.capacity() > 4 << 20 {

@@ -41,9 +41,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             read_states,
             soft_state,
         } = rd;
-        // 1. A leader's replication traffic may leave before its own write is durable.
+        // 1. A leader's replication traffic may leave before its own write is durable. When
+        //    there is a write to wait for, it leaves now (`early`), and the followers write while
+        //    this member does. Otherwise it goes with the turn's other work, after the answers:
+        //    a commit's broadcast then does not delay the commit's own answer.
         self.send(messages_now)?;
-        if !self.work.messages.is_empty() {
+        if !self.work.messages.is_empty() && !entries.is_empty() {
             early(&mut self.work.messages);
         }
         // 2. Persist: an installed snapshot (the store, then the log's marker), then entries and
@@ -52,8 +55,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             self.install_snapshot(&snap.meta)?;
         }
         self.persist(entries, hard_state)?;
-        // 3. What promises durable state (votes, acknowledgements) leaves only now.
+        // 3. What promises durable state (votes, acknowledgements) leaves only now, before the
+        //    apply: a leader's round waits for these, not for this member's apply.
+        let acknowledges = !messages_after_persist.is_empty();
         self.send(messages_after_persist)?;
+        if acknowledges {
+            early(&mut self.work.messages);
+        }
         // 4. Apply.
         self.apply(committed_entries)?;
         // 5. Reads confirmed by this Ready, before any leadership change it reports (they

@@ -428,11 +428,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.process_with(&mut |_| {})
     }
 
-    /// [`Replica::process`], handing `early` the messages that may leave before the log's
-    /// fsync (a leader's appends) as soon as they exist, so that the transport sends them while
-    /// this member writes its own copy (thesis §10.2.1): a write then commits after the slower
-    /// of the two, not after both in turn. `early` drains what it sends; the rest stays in
-    /// [`Work::messages`].
+    /// [`Replica::process`], handing `early` the messages a round waits for as soon as they
+    /// may leave: a leader's appends before the log's fsync, so that the transport sends them
+    /// while this member writes its own copy (thesis §10.2.1) and a write commits after the
+    /// slower of the two, not after both in turn; and what follows a member's fsync (its
+    /// acknowledgements, votes) before it applies. `early` drains what it sends; the rest stays
+    /// in [`Work::messages`].
     pub fn process_with(
         &mut self,
         early: &mut dyn FnMut(&mut Vec<Message>),

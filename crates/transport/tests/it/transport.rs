@@ -170,19 +170,83 @@ fn a_peer_named_by_host_is_looked_up_again_at_each_dial() {
     assert!(asked.lock().unwrap().iter().all(|h| h == "peer-b.test:2380"), "{asked:?}");
 }
 
+/// Batches written on the caller's thread (`send_now`) and batches queued for the transport's
+/// thread (`send`), interleaved, with appends large enough that a direct write is often taken
+/// only in part and its rest queued: all arrive once, whole and in order.
+#[test]
+fn direct_and_queued_batches_keep_their_order() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, _ra) = start(7, A, la, B, ab);
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    ta.send([heartbeat(A, B, 0)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 0));
+    let mut i = 1;
+    for group in 0..300u64 {
+        let n = 1 + group % 3;
+        let batch = (i..i + n).map(|j| mixed(A, B, j));
+        if group % 5 < 3 {
+            ta.send_now(batch);
+        } else {
+            ta.send(batch);
+        }
+        i += n;
+    }
+    for j in 1..i {
+        assert_eq!(next_message(&rb), mixed(A, B, j), "message {j} out of order or lost");
+    }
+}
+
+/// An append of `mib` MiB.
+fn append(from: NodeId, to: NodeId, i: u64, mib: usize) -> Message {
+    let data = Bytes::from(vec![(i % 251) as u8; mib << 20]);
+    let entry = Entry { term: Term(1), index: LogIndex(i), payload: EntryPayload::Normal(data) };
+    let (prev_index, prev_term, commit) = (LogIndex(i - 1), Term(1), LogIndex(i));
+    let body = MessageBody::Append { prev_index, prev_term, entries: vec![entry], commit };
+    Message { from, to, term: Term(1), body }
+}
+
+/// A batch written directly that is larger than the socket takes at once: its rest goes to the
+/// transport's thread, and what is sent after it waits its turn.
+#[test]
+fn the_rest_of_a_large_direct_batch_goes_first() {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (ta, _ra) = start(7, A, la, B, ab);
+    let (_tb, rb) = start(7, B, lb, A, aa);
+    ta.send([heartbeat(A, B, 0)]);
+    assert_eq!(next_message(&rb), heartbeat(A, B, 0));
+    for g in 0..8u64 {
+        let i = 1 + g * 4;
+        let batch = [append(A, B, i, 8), heartbeat(A, B, i + 1), append(A, B, i + 2, 8)];
+        ta.send_now(batch.clone());
+        ta.send_now([heartbeat(A, B, i + 3)]);
+        for m in batch.into_iter().chain([heartbeat(A, B, i + 3)]) {
+            assert_eq!(next_message(&rb), m, "group {g}: out of order or lost");
+        }
+    }
+}
+
 #[test]
 fn a_peer_that_goes_away_is_reported_and_reached_again_when_back() {
+    goes_away_and_comes_back(|t, m| t.send([m]));
+}
+
+#[test]
+fn a_peer_written_directly_that_goes_away_is_reported_and_reached_again_when_back() {
+    goes_away_and_comes_back(|t, m| t.send_now([m]));
+}
+
+fn goes_away_and_comes_back(send: impl Fn(&Transport, Message)) {
     let ((la, aa), (lb, ab)) = (listener(), listener());
     let (ta, ra) = start(7, A, la, B, ab);
     let (tb, rb) = start(7, B, lb, A, aa);
-    ta.send([heartbeat(A, B, 1)]);
+    send(&ta, heartbeat(A, B, 1));
     assert_eq!(next_message(&rb), heartbeat(A, B, 1));
     drop(tb);
     drop(rb);
     // Sends toward the dead peer fail; the transport says so (once) instead of queueing.
     let mut reported = false;
     for i in 0..100 {
-        ta.send([heartbeat(A, B, 100 + i)]);
+        send(&ta, heartbeat(A, B, 100 + i));
         std::thread::sleep(Duration::from_millis(20));
         if ra.try_iter().any(|e| e == Event::Unreachable(B)) {
             reported = true;
@@ -203,7 +267,7 @@ fn a_peer_that_goes_away_is_reported_and_reached_again_when_back() {
     let (_tb, rb) = start(7, B, lb, A, aa);
     let mut got = None;
     for i in 0..250 {
-        ta.send([heartbeat(A, B, 1000 + i)]);
+        send(&ta, heartbeat(A, B, 1000 + i));
         if let Ok(Event::Message(m)) = rb.recv_timeout(Duration::from_millis(20)) {
             got = Some(m);
             break;
