@@ -47,36 +47,41 @@ fn messages_arrive_in_order_both_ways() {
 /// Every seventh message is an append of 2 MiB: a burst of them would make one frame beyond
 /// what the receiver accepts if frames were not closed by size.
 fn mixed(from: NodeId, to: NodeId, i: u64) -> Message {
-    if !i.is_multiple_of(7) {
-        return heartbeat(from, to, i);
+    if i.is_multiple_of(7) {
+        append(from, to, i, 2)
+    } else {
+        heartbeat(from, to, i)
     }
-    let data = Bytes::from(vec![(i % 251) as u8; 2 << 20]);
-    let entry = Entry { term: Term(1), index: LogIndex(i), payload: EntryPayload::Normal(data) };
-    let body = MessageBody::Append {
-        prev_index: LogIndex(i - 1),
-        prev_term: Term(1),
-        entries: vec![entry],
-        commit: LogIndex(i),
-    };
-    Message { from, to, term: Term(1), body }
 }
 
-#[test]
-fn bursts_of_large_appends_arrive_whole_and_in_order() {
+/// A sends to B, connected (a first heartbeat went through); B's events.
+fn connected() -> (Transport, Transport, Receiver<Event>) {
     let ((la, aa), (lb, ab)) = (listener(), listener());
     let (ta, _ra) = start(7, A, la, B, ab);
-    let (_tb, rb) = start(7, B, lb, A, aa);
+    let (tb, rb) = start(7, B, lb, A, aa);
     ta.send([heartbeat(A, B, 0)]);
     assert_eq!(next_message(&rb), heartbeat(A, B, 0));
+    (ta, tb, rb)
+}
+
+/// 300 groups of 1 to 3 `mixed` messages, each group sent by `send` (given its number): all
+/// arrive once, whole and in order.
+fn bursts(send: impl Fn(&Transport, Vec<Message>, u64)) {
+    let (ta, _tb, rb) = connected();
     let mut i = 1;
     for group in 0..300u64 {
         let n = 1 + group % 3;
-        ta.send((i..i + n).map(|j| mixed(A, B, j)));
+        send(&ta, (i..i + n).map(|j| mixed(A, B, j)).collect(), group);
         i += n;
     }
     for j in 1..i {
         assert_eq!(next_message(&rb), mixed(A, B, j), "message {j} out of order or lost");
     }
+}
+
+#[test]
+fn bursts_of_large_appends_arrive_whole_and_in_order() {
+    bursts(|t, batch, _| t.send(batch));
 }
 
 #[test]
@@ -171,29 +176,10 @@ fn a_peer_named_by_host_is_looked_up_again_at_each_dial() {
 }
 
 /// Batches written on the caller's thread (`send_now`) and batches queued for the transport's
-/// thread (`send`), interleaved, with appends large enough that a direct write is often taken
-/// only in part and its rest queued: all arrive once, whole and in order.
+/// thread (`send`), interleaved: all arrive once, whole and in order.
 #[test]
 fn direct_and_queued_batches_keep_their_order() {
-    let ((la, aa), (lb, ab)) = (listener(), listener());
-    let (ta, _ra) = start(7, A, la, B, ab);
-    let (_tb, rb) = start(7, B, lb, A, aa);
-    ta.send([heartbeat(A, B, 0)]);
-    assert_eq!(next_message(&rb), heartbeat(A, B, 0));
-    let mut i = 1;
-    for group in 0..300u64 {
-        let n = 1 + group % 3;
-        let batch = (i..i + n).map(|j| mixed(A, B, j));
-        if group % 5 < 3 {
-            ta.send_now(batch);
-        } else {
-            ta.send(batch);
-        }
-        i += n;
-    }
-    for j in 1..i {
-        assert_eq!(next_message(&rb), mixed(A, B, j), "message {j} out of order or lost");
-    }
+    bursts(|t, batch, group| if group % 5 < 3 { t.send_now(batch) } else { t.send(batch) });
 }
 
 /// An append of `mib` MiB.
@@ -209,11 +195,7 @@ fn append(from: NodeId, to: NodeId, i: u64, mib: usize) -> Message {
 /// transport's thread, and what is sent after it waits its turn.
 #[test]
 fn the_rest_of_a_large_direct_batch_goes_first() {
-    let ((la, aa), (lb, ab)) = (listener(), listener());
-    let (ta, _ra) = start(7, A, la, B, ab);
-    let (_tb, rb) = start(7, B, lb, A, aa);
-    ta.send([heartbeat(A, B, 0)]);
-    assert_eq!(next_message(&rb), heartbeat(A, B, 0));
+    let (ta, _tb, rb) = connected();
     for g in 0..8u64 {
         let i = 1 + g * 4;
         let batch = [append(A, B, i, 8), heartbeat(A, B, i + 1), append(A, B, i + 2, 8)];
