@@ -89,6 +89,17 @@ const BATCH_MAX: usize = 4096;
 /// snapshot (`scripts/snapshot_join.sh`, 2026-11-28). 4 MiB is tens of milliseconds of work.
 const TURN_BYTES: u64 = 4 << 20;
 
+/// Whether a round waits for this message: an append carrying entries, or an answer (to an
+/// append, a vote, a read index).
+fn awaited(m: &cairn_raft::Message) -> bool {
+    use cairn_raft::MessageBody as B;
+    match &m.body {
+        B::Append { entries, .. } => !entries.is_empty(),
+        B::AppendResp { .. } | B::VoteResp { .. } | B::ReadIndexResp { .. } => true,
+        _ => false,
+    }
+}
+
 /// Takes `first`, then what else is queued, into `batch`: up to [`BATCH_MAX`] inputs, or
 /// until they bring [`TURN_BYTES`] of entries.
 fn take_turn(rx: &Receiver<Input>, first: Input, batch: &mut Vec<Input>) {
@@ -270,9 +281,14 @@ impl Driver {
     fn turn(&mut self) -> Result<(), StorageError> {
         let transport = &self.transport;
         self.replica.process_with(&mut |msgs| {
-            if let Some(t) = transport {
-                // Written on this thread if the peer's queue is empty: a round waits for these.
+            let Some(t) = transport else { return };
+            // Entries and answers are what a round waits for: written on this thread if the
+            // peer's queue is empty. The rest (a commit's broadcast, heartbeats) is queued, a
+            // cheaper hand-off, so that it does not delay the apply and answers after it.
+            if msgs.iter().any(awaited) {
                 t.send_now(msgs.drain(..));
+            } else {
+                t.send(msgs.drain(..));
             }
         })?;
         self.carry_out()

@@ -41,12 +41,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             read_states,
             soft_state,
         } = rd;
-        // 1. A leader's replication traffic may leave before its own write is durable. When
-        //    there is a write to wait for, it leaves now (`early`), and the followers write while
-        //    this member does. Otherwise it goes with the turn's other work, after the answers:
-        //    a commit's broadcast then does not delay the commit's own answer.
+        // 1. A leader's replication traffic may leave before its own write is durable.
         self.send(messages_now)?;
-        if !self.work.messages.is_empty() && !entries.is_empty() {
+        if !self.work.messages.is_empty() {
             early(&mut self.work.messages);
         }
         // 2. Persist: an installed snapshot (the store, then the log's marker), then entries and
