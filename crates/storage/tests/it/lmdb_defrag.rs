@@ -87,9 +87,10 @@ fn commits_during_a_defragmentation_are_kept_and_the_file_shrinks() {
         let (b, stop) = (b.clone(), stop.clone());
         std::thread::spawn(move || {
             let (mut next, mut longest) = (100_000i64, Duration::ZERO);
-            // At least 200 records, whenever the copy ends, and at most 2,000: on a loaded
-            // machine a slow copy let an unbounded writer grow the new file past the old one.
-            while (!stop.load(Ordering::SeqCst) || next < 100_200) && next < 102_000 {
+            // At least 200 records, whenever the copy ends, and at most 1,000: on a loaded
+            // machine a slow copy let an unbounded writer grow the new file past the old one,
+            // and 2,000 (with the 400 kept) left it at 52% of the old one once (CI, 11-28).
+            while (!stop.load(Ordering::SeqCst) || next < 100_200) && next < 101_000 {
                 let started = Instant::now();
                 fill(&b, next, 10);
                 longest = longest.max(started.elapsed());
