@@ -179,7 +179,7 @@ impl Peer {
         );
         match wrote {
             Wrote::Queue => self.queue(msgs),
-            Wrote::All(n) | Wrote::Part(n) => self.written(n),
+            Wrote::All(n) | Wrote::Part(n) => delivered(&self.sent, &self.reported, n),
             Wrote::Failed(e) => {
                 tracing::debug!(peer = %hex(self.id), "write to peer failed: {e}");
                 report_unreachable(&self.reported, &*self.sink, self.id);
@@ -193,11 +193,6 @@ impl Peer {
                 report_unreachable(&self.reported, &*self.sink, self.id);
             }
         }
-    }
-
-    fn written(&self, n: usize) {
-        crate::PeerBytes::add(&self.sent.sent, n);
-        self.reported.store(false, Ordering::Relaxed);
     }
 
     /// Queues an item for the writer task; false when the queue is full or closed.
@@ -218,6 +213,13 @@ impl Drop for Peer {
             p.abort();
         }
     }
+}
+
+/// `n` bytes reached the peer's socket (written directly or by the writer task): counted, and
+/// the peer is reachable again, so that its next failure is reported.
+fn delivered(sent: &crate::PeerBytes, reported: &AtomicBool, n: usize) {
+    crate::PeerBytes::add(&sent.sent, n);
+    reported.store(false, Ordering::Relaxed);
 }
 
 fn report_unreachable(reported: &AtomicBool, sink: &dyn Sink, id: NodeId) {
@@ -333,8 +335,7 @@ impl Writer {
             // nothing else is queued.
             self.direct.queued.fetch_sub(items, Ordering::AcqRel);
             flushed?;
-            crate::PeerBytes::add(&self.sent.sent, buf.len());
-            self.reported.store(false, Ordering::Relaxed);
+            delivered(&self.sent, &self.reported, buf.len());
             if buf.capacity() > 4 << 20 {
                 // A burst of large appends should not pin its buffer for the connection's life.
                 buf = Vec::with_capacity(64 << 10);
