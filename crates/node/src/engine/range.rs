@@ -19,9 +19,10 @@ const WHOLE_KEYS: usize = 1_000;
 /// Keys one step of a larger range walks or reads. Those steps run on the server's
 /// low-priority threads, and one that loses its core while it holds the lock holds up every
 /// write until it gets a core back: the shorter the hold, the rarer that is. With 4 clients
-/// each reading 100,000 keys in a loop, a 1-client put's p99 was 6.1-7.8 ms (median 7.7, four
-/// runs) in steps of 1,000 keys, 4.4-7.7 ms (median 5.2, six runs of steps of 50 and 100) in
-/// steps of 100; the ranges' own rate moved from 14.4 to 14.2 per second (2026-11-28).
+/// each reading 100,000 keys in a loop, a 1-client put's p99 had a median of 7.6 ms over 7
+/// runs in steps of 1,000 keys, and 5.4 ms over 9 runs in steps of 50 or 100 (floor 4.1 ms);
+/// the ranges' own rate moved from 14.4 to 14.2 per second
+/// (bench/results/2026-11-28-large-ranges.md).
 const STEP_KEYS: usize = 100;
 /// Bytes of values one reading step reads at most, and the largest answer read whole at once.
 const STEP_BYTES: u64 = 1 << 20;
