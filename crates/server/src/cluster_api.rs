@@ -71,6 +71,11 @@ impl pb::cluster_server::Cluster for Ctx {
         req: Request<pb::MemberListRequest>,
     ) -> Result<Response<pb::MemberListResponse>, Status> {
         self.check_leader(&req)?;
+        // etcd 3.5 waits for a read barrier when asked (its Go client always asks): the list
+        // then reflects every membership change committed before the call, on any member.
+        if req.get_ref().linearizable {
+            self.engine.read_barrier().await.map_err(status)?;
+        }
         let (header, members) = self.done();
         Ok(Response::new(pb::MemberListResponse { header, members }))
     }
