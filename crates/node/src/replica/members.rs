@@ -113,6 +113,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 }
                 self.check_urls_free(*id, peer_urls)?;
                 let step = if *learner {
+                    self.check_all_voters_heard()?;
                     let conf = self.raft.conf_state();
                     if conf.learners.len() + conf.learners_next.len() >= self.cfg.max_learners {
                         return Err(refuse(MembershipError::TooManyLearners));
@@ -216,42 +217,61 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         Ok(())
     }
 
-    /// etcd's `IsReadyToAddVotingMember` (with its full-connectivity check) and
-    /// `IsReadyToPromoteMember`: with one more voter, the running ones must still be a quorum.
-    /// A new member is not running yet, except the second of a one-member cluster (etcd's
-    /// exception, or a single member could never grow); a learner being promoted is. Adding
-    /// also needs the leader to hear from every voter, else the new quorum may already be lost.
+    /// etcd's `IsReadyToAddVotingMember` and `IsReadyToPromoteMember`: with one more voter, the
+    /// started ones must still be a quorum. A new member has not started, except as the second
+    /// of a one-member cluster (etcd's exception, or a single member could never grow); a
+    /// learner being promoted counts as started. Adding also needs every voter heard
+    /// ([`Self::check_all_voters_heard`]); promoting does not, as in etcd.
     fn check_voter_added(&self, promoting: bool) -> Result<(), EngineError> {
         let voters = &self.raft.conf_state().voters;
-        let active = voters.iter().filter(|v| self.recently_heard(**v)).count();
-        let (members, started) = (voters.len() + 1, active + usize::from(promoting));
-        let growing_one = !promoting && active == 1 && members == 2;
+        let started = voters.iter().filter(|v| self.started(**v)).count();
+        let (members, started) = (voters.len() + 1, started + usize::from(promoting));
+        let growing_one = !promoting && started == 1 && members == 2;
         if !growing_one && started < members / 2 + 1 {
             return Err(refuse(MembershipError::NotEnoughStarted));
         }
-        if !promoting && active < voters.len() {
+        if !promoting {
+            self.check_all_voters_heard()?;
+        }
+        Ok(())
+    }
+
+    /// etcd's `isConnectedFullySince` check in `mayAddMember`, made for any addition, a
+    /// learner's too: the leader must have heard from every voter, else a quorum that the new
+    /// member's traffic or catch-up would rely on may already be lost.
+    fn check_all_voters_heard(&self) -> Result<(), EngineError> {
+        let voters = &self.raft.conf_state().voters;
+        if voters.iter().all(|v| self.recently_heard(*v)) {
+            return Ok(());
+        }
+        Err(refuse(MembershipError::Unhealthy))
+    }
+
+    /// etcd's `IsReadyToRemoveVotingMember` and `mayRemoveMember`: the started voters left must
+    /// be a quorum of those left (the last voter is never removed); a voter not heard from is
+    /// then removed at once, as it is no part of the running quorum; any other only if the
+    /// voters heard from, less it, are still a quorum of those left.
+    fn check_voter_removed(&self, id: NodeId) -> Result<(), EngineError> {
+        let voters = &self.raft.conf_state().voters;
+        let left = voters.len().saturating_sub(1);
+        let started = voters.iter().filter(|v| **v != id && self.started(**v)).count();
+        if left == 0 || started < left / 2 + 1 {
+            return Err(refuse(MembershipError::NotEnoughStarted));
+        }
+        if id != self.raft.id() && !self.recently_heard(id) {
+            return Ok(());
+        }
+        let active = voters.iter().filter(|v| self.recently_heard(**v)).count();
+        if active - 1 < left / 2 + 1 {
             return Err(refuse(MembershipError::Unhealthy));
         }
         Ok(())
     }
 
-    /// etcd's `IsReadyToRemoveVotingMember` and `mayRemoveMember`: the voters left must hold a
-    /// running quorum; the last voter is never removed.
-    fn check_voter_removed(&self, id: NodeId) -> Result<(), EngineError> {
-        let voters = &self.raft.conf_state().voters;
-        if voters.len() <= 1 {
-            return Err(refuse(MembershipError::NotEnoughStarted));
-        }
-        let left = voters.len() - 1;
-        let active = voters.iter().filter(|v| **v != id && self.recently_heard(**v)).count();
-        if active < left / 2 + 1 {
-            return Err(if self.recently_heard(id) {
-                refuse(MembershipError::Unhealthy)
-            } else {
-                refuse(MembershipError::NotEnoughStarted)
-            });
-        }
-        Ok(())
+    /// etcd's `IsStarted`: the member has published its name (it ran at least once). This
+    /// member counts as started, publishing or not: it is running.
+    fn started(&self, id: NodeId) -> bool {
+        id == self.raft.id() || self.store.member(id.0).is_some_and(|a| !a.name.is_empty())
     }
 
     /// This member, or one it heard from within an election timeout.
