@@ -15,6 +15,7 @@
 //! copies and encodes per watcher: etcd issue 16839).
 
 pub mod group;
+mod slots;
 mod watchers;
 
 use std::collections::VecDeque;

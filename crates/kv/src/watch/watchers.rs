@@ -1,9 +1,10 @@
 //! The watchers of one stream, stored for memory and for matching events, not for scanning.
 //!
 //! Two costs decide how many watchers a member can hold: the bytes each idle watcher takes, and
-//! the work each new revision causes. So a watcher is packed into 24 bytes, with its key and
-//! range end in one buffer the stream's watchers share; the id and key indexes hold only slot
-//! numbers (4 bytes each, in `hashbrown` tables hashed from the slot's watcher); and the watchers that are level with one
+//! the work each new revision causes. So a watcher is packed into 16 bytes, with its key and
+//! range end (and their lengths) in one buffer the stream's watchers share; the id and key indexes hold only slot
+//! numbers (2 bytes each while they fit, in tables hashed from the slot's watcher, see
+//! [`super::slots`]); and the watchers that are level with one
 //! another (the *cohort*, usually every synced watcher) share one next revision instead of
 //! each keeping its own, so a revision is matched to the watchers its keys name (a hash lookup
 //! per event, plus the range watchers) instead of visiting every watcher. Watchers that are not
@@ -16,8 +17,7 @@ use std::hash::{BuildHasher, RandomState};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use hashbrown::HashTable;
-
+use super::slots::SlotIndex;
 use super::{Event, EventKind, WatchSpec};
 use crate::types::Revision;
 
@@ -35,6 +35,8 @@ impl Flags {
     pub const SENT: u8 = 1 << 5;
     /// Level with the cohort: its next revision is the cohort's, not its own field.
     const COHORT: u8 = 1 << 6;
+    /// Watches exactly one key (etcd: an empty range end), so it is indexed by its key.
+    const SINGLE: u8 = 1 << 7;
 
     pub fn has(self, bit: u8) -> bool {
         self.0 & bit != 0
@@ -49,31 +51,30 @@ impl Flags {
     }
 }
 
-/// One watcher, packed into 24 bytes: its key (`"\0"` for an empty one, as etcd reads it) and
-/// then its range end, as the client sent it, are in the stream's [`Keys`].
+/// One watcher, packed into 16 bytes: its key (`"\0"` for an empty one, as etcd reads it) and
+/// then its range end, as the client sent it, are in the stream's [`Keys`] at `at`, after
+/// their lengths. Lengths there rather than here: two varints of a byte each for the usual
+/// key, against 8 bytes in every slot, on a structure whose size is the cost of an idle watcher.
 #[derive(Debug)]
 pub(super) struct Watcher {
     pub id: i64,
     at: u32,
-    key_len: u32,
-    end_len: u32,
     pub flags: Flags,
 }
 
 impl Watcher {
-    fn key<'k>(&self, keys: &'k Keys) -> &'k [u8] {
-        let at = self.at as usize;
-        &keys.bytes[at..at + self.key_len as usize]
+    /// Its key and range end.
+    fn entry<'k>(&self, keys: &'k Keys) -> (&'k [u8], &'k [u8]) {
+        keys.entry(self.at)
     }
 
-    fn range_end<'k>(&self, keys: &'k Keys) -> &'k [u8] {
-        let at = self.at as usize + self.key_len as usize;
-        &keys.bytes[at..at + self.end_len as usize]
+    fn key<'k>(&self, keys: &'k Keys) -> &'k [u8] {
+        self.entry(keys).0
     }
 
     /// Watches exactly one key (etcd: an empty range end).
     fn single(&self) -> bool {
-        self.end_len == 0
+        self.flags.has(Flags::SINGLE)
     }
 
     /// Whether `e` is for this watcher: its range (etcd's rules: a range end of `"\0"` means
@@ -83,8 +84,8 @@ impl Watcher {
             EventKind::Put => self.flags.has(Flags::NO_PUT),
             EventKind::Delete => self.flags.has(Flags::NO_DELETE),
         };
-        let (k, key) = (e.kv.key.as_ref(), self.key(keys));
-        let within = match self.range_end(keys) {
+        let (k, (key, end)) = (e.kv.key.as_ref(), self.entry(keys));
+        let within = match end {
             [] => k == key,
             [0] => k >= key,
             end => k >= key && k < end,
@@ -95,7 +96,9 @@ impl Watcher {
 
 /// The keys and range ends of a stream's watchers, back to back in one buffer: a key of tens
 /// of bytes in an allocation of its own would cost as much again in pointer and allocator
-/// overhead. A removed watcher leaves a hole; the buffer is rewritten once holes are most of it.
+/// overhead. Each entry is the key's length and the range end's (LEB128 varints), then the key
+/// and the range end. A removed watcher leaves a hole; the buffer is rewritten once holes are
+/// most of it.
 #[derive(Debug, Default)]
 struct Keys {
     bytes: Vec<u8>,
@@ -103,16 +106,65 @@ struct Keys {
 }
 
 impl Keys {
-    /// Appends `parts`; returns where they start.
-    fn push(&mut self, parts: &[&[u8]]) -> u32 {
+    /// Appends an entry for `key` and `end`; returns where it starts.
+    fn push(&mut self, key: &[u8], end: &[u8]) -> u32 {
         let at = u32::try_from(self.bytes.len()).expect("key bytes per stream are bounded");
-        make_room(&mut self.bytes, parts.iter().map(|p| p.len()).sum());
-        parts.iter().for_each(|p| self.bytes.extend_from_slice(p));
+        let mut head = [0u8; 10];
+        let mut n = put_varint(&mut head, key.len());
+        n += put_varint(&mut head[n..], end.len());
+        make_room(&mut self.bytes, n + key.len() + end.len());
+        self.bytes.extend_from_slice(&head[..n]);
+        self.bytes.extend_from_slice(key);
+        self.bytes.extend_from_slice(end);
         at
+    }
+
+    /// The key and range end of the entry at `at`.
+    fn entry(&self, at: u32) -> (&[u8], &[u8]) {
+        let b = &self.bytes[at as usize..];
+        let (key_len, n) = get_varint(b);
+        let (end_len, m) = get_varint(&b[n..]);
+        let key = &b[n + m..n + m + key_len];
+        (key, &b[n + m + key_len..n + m + key_len + end_len])
+    }
+
+    /// The bytes the entry at `at` takes, its lengths included.
+    fn entry_len(&self, at: u32) -> usize {
+        let b = &self.bytes[at as usize..];
+        let (key_len, n) = get_varint(b);
+        let (end_len, m) = get_varint(&b[n..]);
+        n + m + key_len + end_len
     }
 
     fn live(&self) -> usize {
         self.bytes.len() - self.dead
+    }
+}
+
+/// Writes `v` as a LEB128 varint at the start of `out` (room for 5 bytes); returns its length.
+fn put_varint(out: &mut [u8], v: usize) -> usize {
+    let mut v = u32::try_from(v).expect("keys are bounded by the request limit");
+    let mut n = 0;
+    while v >= 0x80 {
+        out[n] = (v as u8) | 0x80;
+        v >>= 7;
+        n += 1;
+    }
+    out[n] = v as u8;
+    n + 1
+}
+
+/// Reads the LEB128 varint at the start of `b` (written by [`put_varint`]): its value and
+/// length.
+fn get_varint(b: &[u8]) -> (usize, usize) {
+    let (mut v, mut n) = (0usize, 0);
+    loop {
+        let byte = b[n];
+        v |= usize::from(byte & 0x7f) << (7 * n);
+        n += 1;
+        if byte < 0x80 {
+            return (v, n);
+        }
     }
 }
 
@@ -140,11 +192,11 @@ pub(super) struct Watchers {
     slots: Vec<Watcher>,
     keys: Keys,
     /// Slot numbers, hashed by their watcher's id.
-    by_id: HashTable<u32>,
+    by_id: SlotIndex,
     /// Slot numbers of single-key watchers, hashed by their key.
-    by_key: HashTable<u32>,
+    by_key: SlotIndex,
     /// Slot numbers of range watchers, hashed by their watcher's id.
-    ranges: HashTable<u32>,
+    ranges: SlotIndex,
     hasher: RandomState,
     /// The next revision of every watcher in the cohort.
     cohort_next: Revision,
@@ -174,35 +226,34 @@ impl Watchers {
 
     fn slot(&self, id: i64) -> Option<u32> {
         let slots = &self.slots;
-        self.by_id.find(self.hash_id(id), |&s| slots[s as usize].id == id).copied()
+        self.by_id.find(self.hash_id(id), |s| slots[s as usize].id == id)
     }
 
     /// Adds a watcher (its id is free) whose next revision is `next`.
     pub fn insert(&mut self, id: i64, spec: &WatchSpec, next: Revision) {
         let key: &[u8] = if spec.key.is_empty() { b"\0" } else { &spec.key };
-        let at = self.keys.push(&[key, &spec.range_end]);
+        let at = self.keys.push(key, &spec.range_end);
         let mut flags = Flags::default();
         flags.set(Flags::PREV_KV, spec.prev_kv);
         flags.set(Flags::NO_PUT, spec.no_put);
         flags.set(Flags::NO_DELETE, spec.no_delete);
         flags.set(Flags::PROGRESS, spec.progress_notify);
         flags.set(Flags::FRAGMENT, spec.fragment);
-        let len = |b: &[u8]| u32::try_from(b.len()).expect("keys are bounded by the request limit");
-        let (key_len, end_len) = (len(key), len(&spec.range_end));
-        let w = Watcher { id, at, key_len, end_len, flags };
+        flags.set(Flags::SINGLE, spec.range_end.is_empty());
+        let w = Watcher { id, at, flags };
         let slot = u32::try_from(self.slots.len()).expect("watchers per stream are bounded");
         let (hid, hkey) = (self.hash_id(id), self.hash_key(key));
         let single = w.single();
         make_room(&mut self.slots, 1);
         self.slots.push(w);
         let slots = &self.slots;
-        self.by_id.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
+        self.by_id.insert(hid, slot, |s| Self::id_hash(&self.hasher, slots, s));
         if single {
             let keys = &self.keys;
-            let rehash = |&s: &u32| self.hasher.hash_one(slots[s as usize].key(keys));
-            self.by_key.insert_unique(hkey, slot, rehash);
+            let rehash = |s: u32| self.hasher.hash_one(slots[s as usize].key(keys));
+            self.by_key.insert(hkey, slot, rehash);
         } else {
-            self.ranges.insert_unique(hid, slot, |&s| Self::id_hash(&self.hasher, slots, s));
+            self.ranges.insert(hid, slot, |s| Self::id_hash(&self.hasher, slots, s));
         }
         self.place(slot, next);
     }
@@ -244,7 +295,7 @@ impl Watchers {
             self.repoint(last, slot);
         }
         let w = self.slots.swap_remove(slot as usize);
-        self.keys.dead += (w.key_len + w.end_len) as usize;
+        self.keys.dead += self.keys.entry_len(w.at);
         if self.keys.dead > self.keys.live().max(4096) {
             self.rewrite_keys();
         }
@@ -255,7 +306,7 @@ impl Watchers {
     fn rewrite_keys(&mut self) {
         let mut bytes = Vec::with_capacity(self.keys.live());
         for w in &mut self.slots {
-            let (at, len) = (w.at as usize, (w.key_len + w.end_len) as usize);
+            let (at, len) = (w.at as usize, self.keys.entry_len(w.at));
             let moved = u32::try_from(bytes.len()).expect("key bytes per stream are bounded");
             bytes.extend_from_slice(&self.keys.bytes[at..at + len]);
             w.at = moved;
@@ -273,7 +324,7 @@ impl Watchers {
 
     /// The index tables that hold `slot`, with its hash in each: by id, then by key for a
     /// single-key watcher or among the ranges for a range watcher.
-    fn index_entries(&mut self, slot: u32) -> [(&mut HashTable<u32>, u64); 2] {
+    fn index_entries(&mut self, slot: u32) -> [(&mut SlotIndex, u64); 2] {
         let w = &self.slots[slot as usize];
         let hid = self.hash_id(w.id);
         let second = if w.single() {
@@ -286,17 +337,13 @@ impl Watchers {
 
     fn unindex(&mut self, slot: u32) {
         for (table, hash) in self.index_entries(slot) {
-            if let Ok(e) = table.find_entry(hash, |&s| s == slot) {
-                e.remove();
-            }
+            table.remove(hash, slot);
         }
     }
 
     fn repoint(&mut self, from: u32, to: u32) {
         for (table, hash) in self.index_entries(from) {
-            if let Some(s) = table.find_mut(hash, |&s| s == from) {
-                *s = to;
-            }
+            table.repoint(hash, from, to);
         }
     }
 
@@ -380,17 +427,17 @@ impl Watchers {
     fn match_cohort<'e>(&self, e: &'e Arc<Event>, hits: &mut Vec<(u32, &'e Arc<Event>)>) {
         let key = e.kv.key.as_ref();
         let in_cohort = |w: &Watcher| w.flags.has(Flags::COHORT) && w.wants(&self.keys, e);
-        for &s in self.by_key.iter_hash(self.hash_key(key)) {
+        self.by_key.each_with_hash(self.hash_key(key), |s| {
             let w = &self.slots[s as usize];
             if w.key(&self.keys) == key && in_cohort(w) {
                 hits.push((s, e));
             }
-        }
-        for &s in &self.ranges {
+        });
+        self.ranges.each(|s| {
             if in_cohort(&self.slots[s as usize]) {
                 hits.push((s, e));
             }
-        }
+        });
     }
 
     pub fn get_mut(&mut self, slot: u32) -> &mut Watcher {
@@ -473,13 +520,61 @@ mod tests {
         assert_eq!(g.wanted(Revision(0), Revision(2)), None, "every watcher moved past 2");
     }
 
-    /// An idle watcher's cost is mostly its slot: keep it packed.
+    /// A stream past 65,536 watchers (its index tables widened) still matches every watcher,
+    /// the latest ones too, and cancels move slots across the old bound.
     #[test]
-    fn a_watcher_slot_is_24_bytes() {
-        assert_eq!(std::mem::size_of::<Watcher>(), 24);
+    fn a_stream_past_sixteen_bit_slots_matches_every_watcher() {
+        let mut g = WatchGroup::new();
+        let head = Revision(1);
+        let n = 70_000;
+        let ids: Vec<i64> =
+            (0..n).map(|i| g.create(on(&format!("w{i}"), b""), head).expect("created")).collect();
+        while g.pop().is_some() {}
+        for &id in &ids[..10] {
+            g.cancel(id, head);
+        }
+        while g.pop().is_some() {}
+        let keys = [5, 10, 65_535, 65_536, n - 1];
+        let events: Vec<Arc<Event>> =
+            keys.iter().map(|i| put(format!("w{i}").as_bytes(), 2)).collect();
+        let rev = Arc::new(RevisionEvents { revision: Revision(2), events });
+        g.deliver(&EventRun { first: Revision(2), last: Revision(2), revisions: vec![rev] });
+        let mut got = Vec::new();
+        while let Some(r) = g.pop() {
+            got.push(r.watch_id);
+        }
+        got.sort_unstable();
+        assert_eq!(got, vec![ids[10], ids[65_535], ids[65_536], ids[n - 1]]);
     }
 
-    /// Keys are as large as requests: a stream's watchers hold a bounded number of key bytes.
+    /// An idle watcher's cost is mostly its slot: keep it packed.
+    #[test]
+    fn a_watcher_slot_is_16_bytes() {
+        assert_eq!(std::mem::size_of::<Watcher>(), 16);
+    }
+
+    /// Entries of every length class read back as written, next to one another.
+    #[test]
+    fn key_entries_read_back_whatever_their_lengths() {
+        let mut keys = Keys::default();
+        let sizes = [0usize, 1, 127, 128, 300, 16_383, 16_384, 1 << 20];
+        let mut at = Vec::new();
+        for (i, &k) in sizes.iter().enumerate() {
+            let end = sizes[sizes.len() - 1 - i];
+            at.push(keys.push(&vec![b'k'; k], &vec![b'e'; end]));
+        }
+        for (i, &k) in sizes.iter().enumerate() {
+            let end = sizes[sizes.len() - 1 - i];
+            let (key, range_end) = keys.entry(at[i]);
+            assert_eq!((key.len(), range_end.len()), (k, end));
+            assert!(key.iter().all(|&b| b == b'k') && range_end.iter().all(|&b| b == b'e'));
+            let next = at.get(i + 1).map_or(keys.bytes.len(), |&a| a as usize);
+            assert_eq!(keys.entry_len(at[i]), next - at[i] as usize);
+        }
+    }
+
+    /// Keys are as large as requests: a stream's watchers hold a bounded number of key bytes
+    /// (each entry's lengths counted: 3 bytes for a 1 MiB key, 1 for an empty range end).
     #[test]
     fn key_bytes_per_stream_are_bounded() {
         let mut g = WatchGroup::new();
@@ -493,6 +588,6 @@ mod tests {
             assert!(made <= MAX_KEY_BYTES >> 20, "no bound");
         };
         assert_eq!(refused, CreateError::TooManyWatchers);
-        assert_eq!(made, MAX_KEY_BYTES >> 20);
+        assert_eq!(made, MAX_KEY_BYTES / ((1 << 20) + 4));
     }
 }
