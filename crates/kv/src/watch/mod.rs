@@ -19,6 +19,8 @@ mod slots;
 mod watchers;
 
 use std::collections::VecDeque;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use bytes::Bytes;
@@ -47,12 +49,35 @@ pub struct Event {
     pub prev_kv: Option<KeyValue>,
     /// Encodings kept by the layer above, without and with `prev_kv`.
     wire: [OnceLock<Bytes>; 2],
+    /// The key's [`key_hash`], once a stream asked for it (0: not yet).
+    key_hash: AtomicU64,
+}
+
+/// The hash of a watched key, the same for every stream of the process: an event's key is
+/// hashed once ([`Event::key_hash`]) and looked up with that hash in every stream's key index,
+/// rather than hashed again by each of thousands of idle streams. Randomly seeded once per
+/// process, as each table's own hasher was, so clients cannot choose colliding keys. Never 0.
+pub(crate) fn key_hash(key: &[u8]) -> u64 {
+    static HASHER: OnceLock<RandomState> = OnceLock::new();
+    HASHER.get_or_init(RandomState::new).hash_one(key).max(1)
 }
 
 impl Event {
     /// An event, with no encoding kept yet.
     pub fn new(kind: EventKind, kv: KeyValue, prev_kv: Option<KeyValue>) -> Event {
-        Event { kind, kv, prev_kv, wire: Default::default() }
+        Event { kind, kv, prev_kv, wire: Default::default(), key_hash: AtomicU64::new(0) }
+    }
+
+    /// Its key's [`key_hash`], computed by the first stream that asks.
+    pub(crate) fn key_hash(&self) -> u64 {
+        match self.key_hash.load(Ordering::Relaxed) {
+            0 => {
+                let h = key_hash(&self.kv.key);
+                self.key_hash.store(h, Ordering::Relaxed);
+                h
+            }
+            h => h,
+        }
     }
 
     /// Whether this put created the key (etcd's `IsCreate`).

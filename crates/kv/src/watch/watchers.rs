@@ -13,7 +13,6 @@
 //! cohort as soon as they reach it.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::hash::{BuildHasher, RandomState};
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
@@ -197,7 +196,6 @@ pub(super) struct Watchers {
     by_key: SlotIndex,
     /// Slot numbers of range watchers, hashed by their watcher's id.
     ranges: SlotIndex,
-    hasher: RandomState,
     /// The next revision of every watcher in the cohort.
     cohort_next: Revision,
     cohort_len: usize,
@@ -208,12 +206,13 @@ pub(super) struct Watchers {
 }
 
 impl Watchers {
-    fn hash_id(&self, id: i64) -> u64 {
-        self.hasher.hash_one(id)
+    /// Ids hash with the process' key hasher: one seed, and no hasher kept per stream.
+    fn hash_id(id: i64) -> u64 {
+        super::key_hash(&id.to_le_bytes())
     }
 
-    fn hash_key(&self, key: &[u8]) -> u64 {
-        self.hasher.hash_one(key)
+    fn hash_key(key: &[u8]) -> u64 {
+        super::key_hash(key)
     }
 
     pub fn len(&self) -> usize {
@@ -226,7 +225,7 @@ impl Watchers {
 
     fn slot(&self, id: i64) -> Option<u32> {
         let slots = &self.slots;
-        self.by_id.find(self.hash_id(id), |s| slots[s as usize].id == id)
+        self.by_id.find(Self::hash_id(id), |s| slots[s as usize].id == id)
     }
 
     /// Adds a watcher (its id is free) whose next revision is `next`.
@@ -242,24 +241,24 @@ impl Watchers {
         flags.set(Flags::SINGLE, spec.range_end.is_empty());
         let w = Watcher { id, at, flags };
         let slot = u32::try_from(self.slots.len()).expect("watchers per stream are bounded");
-        let (hid, hkey) = (self.hash_id(id), self.hash_key(key));
+        let (hid, hkey) = (Self::hash_id(id), Self::hash_key(key));
         let single = w.single();
         make_room(&mut self.slots, 1);
         self.slots.push(w);
         let slots = &self.slots;
-        self.by_id.insert(hid, slot, |s| Self::id_hash(&self.hasher, slots, s));
+        self.by_id.insert(hid, slot, |s| Self::id_hash(slots, s));
         if single {
             let keys = &self.keys;
-            let rehash = |s: u32| self.hasher.hash_one(slots[s as usize].key(keys));
+            let rehash = |s: u32| Self::hash_key(slots[s as usize].key(keys));
             self.by_key.insert(hkey, slot, rehash);
         } else {
-            self.ranges.insert(hid, slot, |s| Self::id_hash(&self.hasher, slots, s));
+            self.ranges.insert(hid, slot, |s| Self::id_hash(slots, s));
         }
         self.place(slot, next);
     }
 
-    fn id_hash(h: &RandomState, slots: &[Watcher], s: u32) -> u64 {
-        h.hash_one(slots[s as usize].id)
+    fn id_hash(slots: &[Watcher], s: u32) -> u64 {
+        Self::hash_id(slots[s as usize].id)
     }
 
     /// Puts a watcher whose next revision is `next` in the cohort if it is level with it (or
@@ -326,9 +325,9 @@ impl Watchers {
     /// single-key watcher or among the ranges for a range watcher.
     fn index_entries(&mut self, slot: u32) -> [(&mut SlotIndex, u64); 2] {
         let w = &self.slots[slot as usize];
-        let hid = self.hash_id(w.id);
+        let hid = Self::hash_id(w.id);
         let second = if w.single() {
-            (&mut self.by_key, self.hasher.hash_one(w.key(&self.keys)))
+            (&mut self.by_key, Self::hash_key(w.key(&self.keys)))
         } else {
             (&mut self.ranges, hid)
         };
@@ -427,7 +426,7 @@ impl Watchers {
     fn match_cohort<'e>(&self, e: &'e Arc<Event>, hits: &mut Vec<(u32, &'e Arc<Event>)>) {
         let key = e.kv.key.as_ref();
         let in_cohort = |w: &Watcher| w.flags.has(Flags::COHORT) && w.wants(&self.keys, e);
-        self.by_key.each_with_hash(self.hash_key(key), |s| {
+        self.by_key.each_with_hash(e.key_hash(), |s| {
             let w = &self.slots[s as usize];
             if w.key(&self.keys) == key && in_cohort(w) {
                 hits.push((s, e));
