@@ -2,15 +2,15 @@
 //!
 //! Two costs decide how many watchers a member can hold: the bytes each idle watcher takes, and
 //! the work each new revision causes. So a watcher is packed into 16 bytes, with its key and
-//! range end (and their lengths) in one buffer the stream's watchers share; the id and key indexes hold only slot
-//! numbers (2 bytes each while they fit, in tables hashed from the slot's watcher, see
-//! [`super::slots`]); and the watchers that are level with one
-//! another (the *cohort*, usually every synced watcher) share one next revision instead of
-//! each keeping its own, so a revision is matched to the watchers its keys name (a hash lookup
-//! per event, plus the range watchers) instead of visiting every watcher. Watchers that are not
-//! level with the cohort (they started in the past, or wait for a future start) are kept in an
-//! ordered set by next revision: they are found by the revision a read covers, and join the
-//! cohort as soon as they reach it.
+//! range end (and their lengths) in one buffer the stream's watchers share; the id and key
+//! indexes hold only slot numbers (2 bytes each while they fit, see [`super::slots`]), hashed
+//! with one hasher for the whole process so that an event's key is hashed once for every
+//! stream; and the watchers that are level with one another (the *cohort*, usually every synced
+//! watcher) share one next revision instead of each keeping its own, so a revision is matched
+//! to the watchers its keys name (a hash lookup per event, plus the range watchers) instead of
+//! visiting every watcher. Watchers that are not level with the cohort (they started in the
+//! past, or wait for a future start) are kept in an ordered set by next revision: they are
+//! found by the revision a read covers, and join the cohort as soon as they reach it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::ops::RangeInclusive;
