@@ -118,21 +118,26 @@ impl Keys {
         at
     }
 
-    /// The key and range end of the entry at `at`.
-    fn entry(&self, at: u32) -> (&[u8], &[u8]) {
+    /// Where the entry at `at` keeps its key (from the buffer's start), and the key's and range
+    /// end's lengths.
+    fn layout(&self, at: u32) -> (usize, usize, usize) {
         let b = &self.bytes[at as usize..];
         let (key_len, n) = get_varint(b);
         let (end_len, m) = get_varint(&b[n..]);
-        let key = &b[n + m..n + m + key_len];
-        (key, &b[n + m + key_len..n + m + key_len + end_len])
+        (at as usize + n + m, key_len, end_len)
+    }
+
+    /// The key and range end of the entry at `at`.
+    fn entry(&self, at: u32) -> (&[u8], &[u8]) {
+        let (key, key_len, end_len) = self.layout(at);
+        let end = key + key_len;
+        (&self.bytes[key..end], &self.bytes[end..end + end_len])
     }
 
     /// The bytes the entry at `at` takes, its lengths included.
     fn entry_len(&self, at: u32) -> usize {
-        let b = &self.bytes[at as usize..];
-        let (key_len, n) = get_varint(b);
-        let (end_len, m) = get_varint(&b[n..]);
-        n + m + key_len + end_len
+        let (key, key_len, end_len) = self.layout(at);
+        key - at as usize + key_len + end_len
     }
 
     fn live(&self) -> usize {
