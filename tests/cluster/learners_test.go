@@ -125,6 +125,25 @@ func TestThreeVotersTwoLearners(t *testing.T) {
 	c.convergence(admin)
 }
 
+// memberAddOnceHealthy adds a member reached at url (a learner if asked) through cl, retrying
+// for at most `within` while the cluster answers ErrUnhealthy: etcd adds a member only once its
+// leader has been connected to every voter for 5 s (server.go, mayAddMember), which a cluster
+// just started is not. Returns the last answer.
+func memberAddOnceHealthy(cl *clientv3.Client, url string, learner bool, within time.Duration) (*clientv3.MemberAddResponse, error) {
+	add := cl.MemberAdd
+	if learner {
+		add = cl.MemberAddAsLearner
+	}
+	for deadline := time.Now().Add(within); ; time.Sleep(200 * time.Millisecond) {
+		cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		added, err := add(cx, []string{url})
+		cancel()
+		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
+			return added, err
+		}
+	}
+}
+
 // addLearnerOnceHealthy is addLearner retrying (at most 20 s) while the cluster answers
 // ErrUnhealthy: etcd adds a member only once the leader has been connected to every voter for
 // 5 s (server.go, mayAddMember), which a cluster just started is not.

@@ -2,14 +2,12 @@ package cluster
 
 import (
 	"context"
-	"errors"
 	"sort"
 	"strings"
 	"testing"
 	"time"
 
 	pb "go.etcd.io/etcd/api/v3/etcdserverpb"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 )
 
@@ -71,15 +69,7 @@ func TestMemberListIsLinearizableOnAFollower(t *testing.T) {
 	leader, follower := c.client(c.members[lead].url), c.client(c.members[cut].url)
 	cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	// etcd refuses additions until it has been connected to every voter for 5 s.
-	var added *clientv3.MemberAddResponse
-	var err error
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		added, err = leader.MemberAddAsLearner(cx, []string{"http://127.0.0.1:1"})
-		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
-			break
-		}
-	}
+	added, err := memberAddOnceHealthy(leader, "http://127.0.0.1:1", true, 15*time.Second)
 	if err != nil {
 		t.Fatalf("member add: %v", err)
 	}

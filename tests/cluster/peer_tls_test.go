@@ -30,7 +30,6 @@ import (
 	"time"
 
 	"cairn.dev/harness"
-	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 )
@@ -602,16 +601,7 @@ func TestPeerTLSRefusesAMemberCertifiedByAnotherCA(t *testing.T) {
 	// etcd refuses to add a voter ("unhealthy cluster") until its leader has been connected to
 	// every member for 5 s (its HealthInterval); cairn asks only that it heard from each within
 	// an election timeout. Retry while refused so.
-	var added *clientv3.MemberAddResponse
-	var err error
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
-		cx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		added, err = all.MemberAdd(cx, []string{rogue.peerURL})
-		cancel()
-		if err == nil || !errors.Is(err, rpctypes.ErrUnhealthy) || time.Now().After(deadline) {
-			break
-		}
-	}
+	added, err := memberAddOnceHealthy(all, rogue.peerURL, false, 15*time.Second)
 	if err != nil {
 		c.fatalf("member add %s: %v", rogue.peerURL, err)
 	}
