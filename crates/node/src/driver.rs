@@ -8,14 +8,14 @@
 //! more is written (fail-stop).
 
 use std::sync::atomic::Ordering;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::mpsc::{self, Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cairn_raft::Role;
 use cairn_storage::lmdb::LmdbBackend;
-use cairn_transport::Transport;
+use cairn_transport::{MessagePoll, PollHandle, Transport};
 use tokio::sync::oneshot;
 
 use crate::committer::{self, Job, Report};
@@ -73,6 +73,41 @@ impl std::fmt::Debug for Input {
     }
 }
 
+/// The driver's input queue as its senders hold it: queuing an input wakes the driver if it
+/// sleeps. The driver sleeps on its [`MessagePoll`], which also watches the peers' message
+/// sockets (`cairn_transport::poll`), so one wait covers both.
+#[derive(Clone, Debug)]
+pub(crate) struct InputTx {
+    tx: mpsc::Sender<Input>,
+    wake: PollHandle,
+}
+
+impl InputTx {
+    /// Queues `input`; an error if the driver has stopped (the input is dropped).
+    pub(crate) fn send(&self, input: Input) -> Result<(), DriverGone> {
+        self.tx.send(input).map_err(|_| DriverGone)?;
+        self.wake.wake();
+        Ok(())
+    }
+
+    /// Where the transport hands the peers' message connections to the driver.
+    pub(crate) fn poll(&self) -> PollHandle {
+        self.wake.clone()
+    }
+}
+
+/// The driver has stopped: it takes no more inputs.
+#[derive(Debug)]
+pub(crate) struct DriverGone;
+
+/// The driver's input queue: its senders' side, and the driver's (the queue and the poll it
+/// sleeps on).
+pub(crate) fn channel() -> std::io::Result<(InputTx, Receiver<Input>, MessagePoll)> {
+    let (tx, rx) = mpsc::channel();
+    let (poll, wake) = MessagePoll::new()?;
+    Ok((InputTx { tx, wake }, rx, poll))
+}
+
 /// What the driver tells those who wait on the member: watch streams and leadership watchers.
 #[derive(Debug)]
 pub(crate) struct Notify {
@@ -101,8 +136,8 @@ fn awaited(m: &cairn_raft::Message) -> bool {
 }
 
 /// Takes `first`, then what else is queued, into `batch`: up to [`BATCH_MAX`] inputs, or
-/// until they bring [`TURN_BYTES`] of entries.
-fn take_turn(rx: &Receiver<Input>, first: Input, batch: &mut Vec<Input>) {
+/// until they bring [`TURN_BYTES`] of entries. Returns the bytes of entries taken.
+fn take_turn(rx: &Receiver<Input>, first: Input, batch: &mut Vec<Input>) -> u64 {
     let mut bytes = weight(&first);
     batch.push(first);
     while batch.len() < BATCH_MAX && bytes < TURN_BYTES {
@@ -110,7 +145,11 @@ fn take_turn(rx: &Receiver<Input>, first: Input, batch: &mut Vec<Input>) {
         bytes += weight(&input);
         batch.push(input);
     }
+    bytes
 }
+
+/// Every sender of the queue is gone: the engine was dropped.
+struct Disconnected;
 
 /// The entry bytes an input brings to a turn (see [`TURN_BYTES`]).
 fn weight(input: &Input) -> u64 {
@@ -126,6 +165,10 @@ pub(crate) struct Driver {
     committer: committer::Handle,
     shared: Arc<Shared>,
     rx: Receiver<Input>,
+    /// Where the driver sleeps, and reads its peers' messages.
+    poll: MessagePoll,
+    /// Messages read off the peers' sockets in a turn (kept to reuse its allocation).
+    peer_msgs: Vec<cairn_raft::Message>,
     tick: Duration,
     /// The peers of a cluster; a single member has none.
     transport: Option<Transport>,
@@ -143,7 +186,7 @@ impl Driver {
         replica: EngineReplica,
         committer: committer::Handle,
         shared: Arc<Shared>,
-        rx: Receiver<Input>,
+        (rx, poll): (Receiver<Input>, MessagePoll),
         tick: Duration,
         transport: Option<Transport>,
         notify: Notify,
@@ -153,6 +196,8 @@ impl Driver {
             committer,
             shared,
             rx,
+            poll,
+            peer_msgs: Vec::new(),
             tick,
             transport,
             leader: None,
@@ -201,8 +246,7 @@ impl Driver {
         // their moment into the tick this loop reaches by then.
         self.replica.lease_clock().start(start, self.replica.ticks(), self.tick);
         loop {
-            let wait = next_tick.saturating_duration_since(Instant::now());
-            let first = self.rx.recv_timeout(wait);
+            let first = self.next_input(next_tick);
             // The clock before any input: a member that stalled (SIGSTOP, a VM pause) must
             // count every tick that passed before it judges a read by its lease, or the lease
             // would outlive itself. One tick per turn would let a queued read in first.
@@ -210,10 +254,11 @@ impl Driver {
                 self.replica.handle_tick();
                 next_tick += self.tick;
             }
+            let mut taken = 0;
             match first {
-                Ok(input) => {
+                Ok(Some(input)) => {
                     let mut batch = std::mem::take(&mut self.batch);
-                    take_turn(&self.rx, input, &mut batch);
+                    taken = take_turn(&self.rx, input, &mut batch);
                     for input in batch.drain(..) {
                         if !self.accept(input)? {
                             return Ok(());
@@ -221,14 +266,47 @@ impl Driver {
                     }
                     self.batch = batch;
                 }
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => return Ok(()),
+                Ok(None) => {}
+                Err(Disconnected) => return Ok(()),
+            }
+            // Then what the peers' sockets hold, up to the rest of the turn's bytes.
+            self.poll.read(TURN_BYTES.saturating_sub(taken), &mut self.peer_msgs);
+            for msg in self.peer_msgs.drain(..) {
+                self.replica.handle_message(msg);
             }
             self.turn()?;
             if self.removed {
                 return Ok(());
             }
         }
+    }
+
+    /// The first input of a turn: one queued, or none when a peer's socket has bytes left
+    /// unread or a tick is due. Otherwise sleeps until an input is queued, a peer's socket has
+    /// bytes, or the next tick.
+    fn next_input(&mut self, next_tick: Instant) -> Result<Option<Input>, Disconnected> {
+        let take = |rx: &Receiver<Input>| match rx.try_recv() {
+            Ok(input) => Ok(Some(input)),
+            Err(TryRecvError::Empty) => Ok(None),
+            Err(TryRecvError::Disconnected) => Err(Disconnected),
+        };
+        if let Some(input) = take(&self.rx)? {
+            return Ok(Some(input));
+        }
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        if self.poll.has_unread() || wait.is_zero() {
+            return Ok(None);
+        }
+        // Announced before the last look at the queue: a sender that queues after that look
+        // sees the announcement and wakes the sleep.
+        self.poll.prepare_sleep();
+        let queued = take(&self.rx);
+        if !matches!(queued, Ok(None)) {
+            self.poll.awake();
+            return queued;
+        }
+        self.poll.sleep(wait);
+        take(&self.rx)
     }
 
     /// Hands one input to the replica; false for a stop.

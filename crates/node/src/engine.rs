@@ -14,7 +14,7 @@ pub use range::RangePlan;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -32,7 +32,7 @@ use tokio::sync::oneshot;
 use crate::backup::BackupStream;
 use crate::cluster::ClusterState;
 use crate::config::{EngineConfig, ReplicaConfig};
-use crate::driver::{Driver, EngineReplica, Input};
+use crate::driver::{Driver, EngineReplica, Input, InputTx};
 use crate::error::{EngineError, OpenError, StopCause};
 use crate::identity::{self, io_err};
 use crate::ids::RequestIds;
@@ -50,7 +50,7 @@ use crate::watch::{LeadershipWatch, Watch, WatchStream};
 /// stops it ([`Engine::stop`]).
 #[derive(Debug)]
 pub struct Engine {
-    tx: mpsc::Sender<Input>,
+    tx: InputTx,
     shared: Arc<Shared>,
     /// Where keepalives are taken without the driver.
     lease_clock: Arc<crate::lease_clock::LeaseClock>,
@@ -128,7 +128,7 @@ fn wal_paths(e: OpenError, wal: &Path) -> OpenError {
 fn start_peers(
     cfg: &EngineConfig,
     member: &Path,
-    tx: mpsc::Sender<Input>,
+    tx: InputTx,
     shared: &Arc<Shared>,
     images: Arc<cairn_transport::OutgoingImages>,
 ) -> Result<Option<cairn_transport::Transport>, EngineError> {
@@ -229,7 +229,8 @@ impl Engine {
         let lease_clock = replica.lease_clock();
         let (shared, notify) = Shared::new(store.clone(), id, cluster_id, metrics.clone());
         let shared = Arc::new(shared);
-        let (tx, rx) = mpsc::channel();
+        let (tx, rx, poll) = crate::driver::channel()
+            .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let reports = tx.clone();
         let committer = crate::committer::spawn(&cfg.name, store, metrics.clone(), move |r| {
             reports.send(Input::Committer(r)).is_ok()
@@ -240,7 +241,7 @@ impl Engine {
             replica,
             committer,
             shared.clone(),
-            rx,
+            (rx, poll),
             cfg.tick_interval,
             transport,
             notify,

@@ -1,7 +1,7 @@
 //! Connects the engine to its peers: starts the transport for the cluster flags, and turns
 //! what it delivers into the driver's inputs.
 
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 
 use cairn_raft::{Message, NodeId, SnapshotStatus};
 use cairn_transport::url::{is_tls, listen_addr};
@@ -12,7 +12,7 @@ use cairn_transport::{
 use cairn_transport::members::{RemoteCluster, RemoteMember};
 
 use crate::cluster::{ClusterConfig, MemberSpec};
-use crate::driver::Input;
+use crate::driver::{Input, InputTx};
 use crate::error::{EngineError, OpenError};
 use crate::shared::Shared;
 
@@ -33,7 +33,7 @@ pub(crate) enum PeerInput {
 /// stopped drops what arrives, and so does one that has too much waiting (`peer_inbox.rs`). It also answers a joining member's members query from the
 /// applied membership.
 struct DriverSink {
-    tx: mpsc::Sender<Input>,
+    tx: InputTx,
     shared: Arc<Shared>,
     flags: Vec<MemberSpec>,
     name: String,
@@ -102,7 +102,7 @@ pub(crate) struct Snapshots {
 pub(crate) fn start(
     cluster: &ClusterConfig,
     name: &str,
-    tx: mpsc::Sender<Input>,
+    tx: InputTx,
     shared: Arc<Shared>,
     snap: Snapshots,
 ) -> Result<Transport, EngineError> {
@@ -131,6 +131,8 @@ pub(crate) fn start(
     }
     cfg.client_tls = client_tls;
     cfg.skip_client_san_verification = cluster.peer_skip_client_san_verification;
+    // The driver reads plain message connections itself: no hand-off per message.
+    cfg.poll = Some(tx.poll());
     let flags = cluster.members.clone();
     let sink = DriverSink { tx, shared, flags, name: name.to_string() };
     Transport::start(cfg, Arc::new(sink)).map_err(|e| open(OpenError::Spawn(Arc::new(e))))

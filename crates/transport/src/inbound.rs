@@ -9,6 +9,7 @@ use bytes::Bytes;
 use cairn_raft::{Message, MessageBody, NodeId};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::OwnedSemaphorePermit;
 use tokio::time::timeout;
 
 use crate::codec::{self, DecodeError, Hello, SnapFrame, StreamKind};
@@ -46,6 +47,8 @@ pub(crate) struct Acceptor {
     /// Refuse a client certificate presented from an address it does not name
     /// ([`crate::san`]).
     pub(crate) check_san: bool,
+    /// Where plain message connections go once accepted ([`crate::poll`]).
+    pub(crate) poll: Option<crate::PollHandle>,
 }
 
 /// Why an incoming peer connection ended early.
@@ -128,10 +131,7 @@ impl Acceptor {
                     };
                     let me = self.clone();
                     let tls = tls.clone();
-                    tokio::spawn(async move {
-                        me.serve_conn(conn, addr, tls).await;
-                        drop(slot);
-                    });
+                    tokio::spawn(async move { me.serve_conn(conn, addr, tls, slot).await });
                 }
                 Err(e) => {
                     // Out of file descriptors, most likely: back off instead of spinning.
@@ -142,18 +142,43 @@ impl Acceptor {
         }
     }
 
-    async fn serve_conn(&self, conn: TcpStream, addr: SocketAddr, tls: Option<Arc<ServerTls>>) {
+    /// Serves one connection, holding its `slot` until it ends (or is handed over with it).
+    async fn serve_conn(
+        &self,
+        conn: TcpStream,
+        addr: SocketAddr,
+        tls: Option<Arc<ServerTls>>,
+        slot: OwnedSemaphorePermit,
+    ) {
         let served = match tls {
-            None => match conn.set_nodelay(true) {
-                Ok(()) => self.conn(conn).await,
-                Err(e) => Err(e.into()),
-            },
+            None => self.plain_conn(conn, slot).await,
             Some(tls) => self.tls_conn(conn, addr, &tls).await,
         };
         match served {
             Ok(()) | Err(InboundError::Io(_)) => {}
             Err(e) => tracing::warn!(%addr, "closed a peer connection: {e}"),
         }
+    }
+
+    /// A plain connection's message stream goes to the thread that consumes the messages, if
+    /// there is one ([`crate::poll`]), with the connection's slot.
+    async fn plain_conn(
+        &self,
+        conn: TcpStream,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<(), InboundError> {
+        conn.set_nodelay(true)?;
+        let Some((conn, from)) = self.conn(conn).await? else { return Ok(()) };
+        let Some(poll) = &self.poll else { return self.messages(conn, from).await };
+        poll.adopt(crate::poll::Adopted {
+            sock: conn.into_std()?,
+            from,
+            local: self.local,
+            max_frame_bytes: self.max_frame_bytes,
+            received: self.traffic.peer(from),
+            slot,
+        });
+        Ok(())
     }
 
     async fn tls_conn(
@@ -172,13 +197,18 @@ impl Acceptor {
         if let (true, Some(cert)) = (self.check_san, cert) {
             crate::san::check(cert, addr.ip()).await.map_err(InboundError::San)?;
         }
-        self.conn(conn).await
+        match self.conn(conn).await? {
+            Some((conn, from)) => self.messages(conn, from).await,
+            None => Ok(()),
+        }
     }
 
+    /// Checks who calls and serves what it asks, except a message stream: that is returned,
+    /// with the caller, for the caller of this to read.
     async fn conn<S: AsyncRead + AsyncWrite + Unpin>(
         &self,
         mut conn: S,
-    ) -> Result<(), InboundError> {
+    ) -> Result<Option<(S, NodeId)>, InboundError> {
         let mut raw = [0u8; codec::HELLO_LEN];
         timeout(HELLO_TIMEOUT, conn.read_exact(&mut raw))
             .await
@@ -193,7 +223,8 @@ impl Acceptor {
         };
         // A joining member knows neither its id nor the cluster's yet: that is what it asks.
         if hello.kind == StreamKind::Members {
-            return Ok(crate::members::serve(&mut conn, &*self.sink).await?);
+            crate::members::serve(&mut conn, &*self.sink).await?;
+            return Ok(None);
         }
         if let Err(why) = self.check(&hello) {
             let _ = reply(&mut conn, Err(&why)).await;
@@ -201,15 +232,16 @@ impl Acceptor {
         }
         reply(&mut conn, Ok(())).await?;
         match hello.kind {
-            StreamKind::Messages => self.messages(conn, hello.from).await,
-            StreamKind::Snapshot => self.snapshot(conn, hello.from).await,
-            StreamKind::SnapshotStream => self.snapshot_stream(conn, hello.from).await,
+            StreamKind::Messages => return Ok(Some((conn, hello.from))),
+            StreamKind::Snapshot => self.snapshot(conn, hello.from).await?,
+            StreamKind::SnapshotStream => self.snapshot_stream(conn, hello.from).await?,
             StreamKind::Probe => crate::probe::answer(conn).await.map_err(|e| match e {
                 crate::outbound::DialError::Io(e) => InboundError::Io(e),
                 e => InboundError::Probe(e),
-            }),
-            StreamKind::Members => Ok(()),
+            })?,
+            StreamKind::Members => {}
         }
+        Ok(None)
     }
 
     fn check(&self, h: &Hello) -> Result<(), String> {

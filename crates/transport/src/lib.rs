@@ -35,6 +35,7 @@ pub mod images;
 mod inbound;
 pub mod members;
 mod outbound;
+pub mod poll;
 mod probe;
 pub mod san;
 mod stream_in;
@@ -53,6 +54,7 @@ use tokio::runtime::Runtime;
 
 pub use images::{ImageSource, OutgoingImages};
 pub use inbound::MAX_INBOUND_CONNS;
+pub use poll::{MessagePoll, PollHandle};
 pub use probe::PROBE_INTERVAL;
 pub use stream_out::SnapshotStats;
 pub use tls::{ClientTls, ServerTls, TlsError, TlsFiles, TlsPolicy, TlsVersion};
@@ -174,6 +176,10 @@ pub struct TransportConfig {
     /// alternative names list ([`san`]; etcd's
     /// `--experimental-peer-skip-client-san-verification`).
     pub skip_client_san_verification: bool,
+    /// Where plain message connections are handed once their caller is accepted, to be read by
+    /// the thread that consumes their messages ([`poll`]); `None`: the transport's thread reads
+    /// them and hands each message to the sink.
+    pub poll: Option<PollHandle>,
 }
 
 /// Why a peer URL cannot be dialed.
@@ -291,6 +297,7 @@ impl TransportConfig {
             resolver: None,
             probe_interval: PROBE_INTERVAL,
             skip_client_san_verification: false,
+            poll: None,
         }
     }
 }
@@ -334,6 +341,7 @@ impl Transport {
             inbox: Arc::new(stream_in::Inbox::new(cfg.snapshot_dir.clone())?),
             slots: Arc::new(tokio::sync::Semaphore::new(inbound::MAX_INBOUND_CONNS)),
             check_san: !cfg.skip_client_san_verification,
+            poll: cfg.poll.clone(),
         };
         let _guard = runtime.enter();
         let accept = Arc::new(accept);

@@ -6,7 +6,8 @@ use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cairn_raft::{HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Term};
+use bytes::Bytes;
+use cairn_raft::{Entry, EntryPayload, HeartbeatSeq, LogIndex, Message, MessageBody, NodeId, Term};
 use cairn_transport::{Sink, Transport, TransportConfig};
 
 /// What a transport handed its sink.
@@ -63,4 +64,23 @@ pub fn next_message(rx: &Receiver<Event>) -> Message {
             e => panic!("expected a message, got {e:?}"),
         }
     }
+}
+
+/// Every seventh message is an append of 2 MiB: a burst of them would make one frame beyond
+/// what the receiver accepts if frames were not closed by size.
+pub fn mixed(from: NodeId, to: NodeId, i: u64) -> Message {
+    if i.is_multiple_of(7) {
+        append(from, to, i, 2)
+    } else {
+        heartbeat(from, to, i)
+    }
+}
+
+/// An append of `mib` MiB.
+pub fn append(from: NodeId, to: NodeId, i: u64, mib: usize) -> Message {
+    let data = Bytes::from(vec![(i % 251) as u8; mib << 20]);
+    let entry = Entry { term: Term(1), index: LogIndex(i), payload: EntryPayload::Normal(data) };
+    let (prev_index, prev_term, commit) = (LogIndex(i - 1), Term(1), LogIndex(i));
+    let body = MessageBody::Append { prev_index, prev_term, entries: vec![entry], commit };
+    Message { from, to, term: Term(1), body }
 }

@@ -3,6 +3,7 @@
 
 mod codec;
 mod common;
+mod poll;
 mod probe;
 mod snapshot_stream;
 mod tls;

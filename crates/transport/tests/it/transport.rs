@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use cairn_raft::{Entry, EntryPayload, LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
+use cairn_raft::{LogIndex, Message, MessageBody, NodeId, Snapshot, Term};
 use cairn_transport::{Transport, TransportConfig};
 
 use crate::common::*;
@@ -42,16 +42,6 @@ fn messages_arrive_in_order_both_ways() {
     }
     tb.send([heartbeat(B, A, 9)]);
     assert_eq!(next_message(&ra), heartbeat(B, A, 9));
-}
-
-/// Every seventh message is an append of 2 MiB: a burst of them would make one frame beyond
-/// what the receiver accepts if frames were not closed by size.
-fn mixed(from: NodeId, to: NodeId, i: u64) -> Message {
-    if i.is_multiple_of(7) {
-        append(from, to, i, 2)
-    } else {
-        heartbeat(from, to, i)
-    }
 }
 
 /// A sends to B, connected (a first heartbeat went through); B's events.
@@ -180,15 +170,6 @@ fn a_peer_named_by_host_is_looked_up_again_at_each_dial() {
 #[test]
 fn direct_and_queued_batches_keep_their_order() {
     bursts(|t, batch, group| if group % 5 < 3 { t.send_now(batch) } else { t.send(batch) });
-}
-
-/// An append of `mib` MiB.
-fn append(from: NodeId, to: NodeId, i: u64, mib: usize) -> Message {
-    let data = Bytes::from(vec![(i % 251) as u8; mib << 20]);
-    let entry = Entry { term: Term(1), index: LogIndex(i), payload: EntryPayload::Normal(data) };
-    let (prev_index, prev_term, commit) = (LogIndex(i - 1), Term(1), LogIndex(i));
-    let body = MessageBody::Append { prev_index, prev_term, entries: vec![entry], commit };
-    Message { from, to, term: Term(1), body }
 }
 
 /// A batch written directly that is larger than the socket takes at once: its rest goes to the

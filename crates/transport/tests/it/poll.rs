@@ -1,0 +1,191 @@
+//! Message connections read by the consumer's own thread ([`cairn_transport::MessagePoll`]):
+//! the same delivery as through the sink (whole, in order, once), a turn's budget that splits
+//! large frames across turns, garbage and misaddressed messages that close only their own
+//! connection, and a sleeping consumer woken by its queue's senders.
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, Receiver};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use cairn_raft::{Message, NodeId};
+use cairn_transport::codec::{encode_hello, Hello, StreamKind};
+use cairn_transport::{MessagePoll, Transport, TransportConfig};
+
+use crate::common::*;
+
+const A: NodeId = NodeId(0xa);
+const B: NodeId = NodeId(0xb);
+
+/// A consumer thread reading its poll as the driver does: sleeps when nothing is unread, then
+/// reads at most `budget` bytes a turn. Stops (and is joined) when dropped.
+struct Consumer {
+    stop: Arc<AtomicBool>,
+    wake: cairn_transport::PollHandle,
+    thread: Option<JoinHandle<()>>,
+    /// The largest number of bytes one turn read.
+    max_turn: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Consumer {
+    fn start(
+        mut poll: MessagePoll,
+        wake: cairn_transport::PollHandle,
+        budget: u64,
+    ) -> (Consumer, Receiver<Message>) {
+        let (tx, rx) = channel();
+        let stop = Arc::new(AtomicBool::new(false));
+        let max_turn = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (s, m) = (stop.clone(), max_turn.clone());
+        let thread = std::thread::spawn(move || {
+            let mut out = Vec::new();
+            while !s.load(Ordering::SeqCst) {
+                if !poll.has_unread() {
+                    poll.prepare_sleep();
+                    if s.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    poll.sleep(Duration::from_secs(1));
+                }
+                let read = poll.read(budget, &mut out);
+                m.fetch_max(read, Ordering::SeqCst);
+                for msg in out.drain(..) {
+                    let _ = tx.send(msg);
+                }
+            }
+        });
+        (Consumer { stop, wake, thread: Some(thread), max_turn }, rx)
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.wake.wake();
+        if let Some(t) = self.thread.take() {
+            t.join().expect("the consumer thread ends");
+        }
+    }
+}
+
+/// A sends to B, whose message connections are read by a consumer with `budget`.
+fn polled(
+    budget: u64,
+) -> (Transport, Transport, Consumer, Receiver<Message>, std::net::SocketAddr) {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let mut cfg = TransportConfig::new(7, A);
+    cfg.listeners.push(la.into());
+    cfg.peers = BTreeMap::from([(B, vec![ab.into()])]);
+    let (ta, _ra) = start_with(cfg);
+    let (poll, wake) = MessagePoll::new().expect("a poll");
+    let mut cfg = TransportConfig::new(7, B);
+    cfg.listeners.push(lb.into());
+    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    cfg.poll = Some(wake.clone());
+    let (tb, _rb) = start_with(cfg);
+    let (consumer, rx) = Consumer::start(poll, wake, budget);
+    (ta, tb, consumer, rx, ab)
+}
+
+fn recv(rx: &Receiver<Message>) -> Message {
+    rx.recv_timeout(Duration::from_secs(10)).expect("a message within 10 s")
+}
+
+#[test]
+fn polled_connections_deliver_bursts_of_large_appends_whole_and_in_order() {
+    // A budget far below a 2 MiB append: frames are read across several turns.
+    let budget = 64 << 10;
+    let (ta, _tb, consumer, rx, _) = polled(budget);
+    let mut i = 1;
+    for group in 0..200u64 {
+        let n = 1 + group % 3;
+        let batch: Vec<_> = (i..i + n).map(|j| mixed(A, B, j)).collect();
+        if group % 2 == 0 {
+            ta.send_now(batch);
+        } else {
+            ta.send(batch);
+        }
+        i += n;
+    }
+    for j in 1..i {
+        assert_eq!(recv(&rx), mixed(A, B, j), "message {j} out of order or lost");
+    }
+    // One read may take a whole chunk past the budget, never much more.
+    let max = consumer.max_turn.load(Ordering::SeqCst);
+    assert!(max <= budget + (256 << 10), "a turn read {max} bytes with a budget of {budget}");
+}
+
+/// A hand-made peer connection from `from` to B, introduced and accepted.
+fn introduce(addr: std::net::SocketAddr, from: NodeId) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connects");
+    let mut hello = Vec::new();
+    encode_hello(&Hello { cluster_id: 7, from, to: B, kind: StreamKind::Messages }, &mut hello);
+    s.write_all(&hello).expect("hello written");
+    s.set_read_timeout(Some(Duration::from_secs(5))).expect("a timeout");
+    let mut reply = [0u8; 64];
+    let n = s.read(&mut reply).expect("the reply");
+    assert!(n > 0, "accepted");
+    s
+}
+
+/// Waits for the other end to close `s` (a read returns 0 or fails).
+fn closed_by_peer(s: &mut TcpStream) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut buf = [0u8; 64];
+    while Instant::now() < deadline {
+        match s.read(&mut buf) {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+    false
+}
+
+#[test]
+fn a_polled_connection_sending_garbage_is_closed_and_others_still_get_through() {
+    let (ta, _tb, _consumer, rx, ab) = polled(4 << 20);
+    ta.send([heartbeat(A, B, 1)]);
+    assert_eq!(recv(&rx), heartbeat(A, B, 1));
+    // A frame claiming 4 GiB: over the limit, refused before anything is buffered.
+    let mut s = introduce(ab, A);
+    s.write_all(&[0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0]).expect("written");
+    assert!(closed_by_peer(&mut s), "the connection sending garbage is closed");
+    // A well-formed frame whose message claims to come from someone else.
+    let mut s = introduce(ab, A);
+    let mut frame = Vec::new();
+    cairn_transport::codec::encode_batch(&[heartbeat(NodeId(0xc), B, 2)], &mut frame);
+    s.write_all(&frame).expect("written");
+    assert!(closed_by_peer(&mut s), "the connection sending another's message is closed");
+    ta.send([heartbeat(A, B, 3)]);
+    assert_eq!(recv(&rx), heartbeat(A, B, 3), "the real peer's connection still delivers");
+    assert!(rx.try_recv().is_err(), "nothing from the closed connections was delivered");
+}
+
+#[test]
+fn a_sleeping_consumer_is_woken_by_a_sender_and_sleeps_out_its_timeout_otherwise() {
+    let (mut poll, wake) = MessagePoll::new().expect("a poll");
+    let started = Instant::now();
+    poll.prepare_sleep();
+    poll.sleep(Duration::from_millis(50));
+    assert!(started.elapsed() >= Duration::from_millis(45), "nothing woke it: it slept");
+    // Woken after announcing its sleep, before sleeping: the sleep returns at once.
+    poll.prepare_sleep();
+    wake.wake();
+    let started = Instant::now();
+    poll.sleep(Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(5), "the wake was not lost");
+    // Woken from another thread while asleep.
+    poll.prepare_sleep();
+    let waker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        wake.wake();
+    });
+    let started = Instant::now();
+    poll.sleep(Duration::from_secs(10));
+    assert!(started.elapsed() < Duration::from_secs(5), "a sender woke the sleep");
+    waker.join().expect("the waker ends");
+}
