@@ -1,8 +1,10 @@
 //! The bound on peer messages waiting for the driver.
 //!
-//! The transport hands every message it receives to the driver's input queue, and the driver
-//! takes them a turn at a time. A driver that falls behind (a slow disk under a leader's appends,
-//! a stalled member) would let that queue grow without limit. Past [`MAX_MESSAGES`] messages or
+//! The transport hands the messages it receives on TLS connections to the driver's input queue
+//! (plain connections the driver reads itself, `cairn_transport::poll`, and what it has not read
+//! waits in the socket), and the driver takes them a turn at a time. A driver that falls behind
+//! (a slow disk under a leader's appends, a stalled member) would let that queue grow without
+//! limit. Past [`MAX_MESSAGES`] messages or
 //! [`MAX_BYTES`] bytes of entries waiting, a new message is dropped instead, as etcd drops a
 //! peer's message when its receive buffer is full: Raft recovers from lost messages (the leader
 //! probes and resends), so dropping costs a retry, never correctness. Local reports (a snapshot
