@@ -53,7 +53,7 @@ pub(crate) struct Acceptor {
 
 /// Why an incoming peer connection ended early.
 #[derive(Debug)]
-enum InboundError {
+pub(crate) enum InboundError {
     Io(std::io::Error),
     Timeout,
     Protocol(DecodeError),
@@ -372,7 +372,11 @@ async fn refuse<S: AsyncWrite + Unpin>(conn: &mut S, e: ReceiveError) -> Result<
 }
 
 /// A message must come from the caller, be meant for us, and carry no local handle.
-fn check_message(msg: &Message, from: NodeId, local: NodeId) -> Result<(), InboundError> {
+pub(crate) fn check_message(
+    msg: &Message,
+    from: NodeId,
+    local: NodeId,
+) -> Result<(), InboundError> {
     if msg.from != from || msg.to != local {
         return Err(InboundError::Misaddressed { from: msg.from, to: msg.to });
     }

@@ -28,7 +28,8 @@ use bytes::{Buf, Bytes, BytesMut};
 use cairn_raft::{Message, NodeId};
 use mio::{Events, Interest, Poll, Token, Waker};
 
-use crate::codec::{self, DecodeError};
+use crate::codec;
+use crate::inbound::{check_message, InboundError};
 use crate::outbound::hex;
 use crate::PeerBytes;
 
@@ -194,7 +195,8 @@ impl MessagePoll {
                     i += 1;
                 }
                 Err(e) => {
-                    if !matches!(e, ConnError::Closed) {
+                    // As the transport's reader: a connection that broke or hung up is not news.
+                    if !matches!(e, InboundError::Io(_)) {
                         tracing::warn!(from = %hex(conn.from), "closed a peer connection: {e}");
                     }
                     self.close(token);
@@ -264,38 +266,6 @@ enum Drained {
     No,
 }
 
-/// Why a connection is closed.
-#[derive(Debug)]
-enum ConnError {
-    /// The caller hung up.
-    Closed,
-    Io(std::io::Error),
-    Protocol(DecodeError),
-    Misaddressed {
-        from: NodeId,
-        to: NodeId,
-    },
-    /// A snapshot message whose data names a local file or image.
-    Handle,
-}
-
-impl std::fmt::Display for ConnError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ConnError::Closed => f.write_str("closed"),
-            ConnError::Io(e) => write!(f, "{e}"),
-            ConnError::Protocol(e) => write!(f, "{e}"),
-            ConnError::Misaddressed { from, to } => write!(
-                f,
-                "the caller sent a message from {} to {}, not its own to us",
-                hex(*from),
-                hex(*to)
-            ),
-            ConnError::Handle => f.write_str("a snapshot message carried a local handle"),
-        }
-    }
-}
-
 impl Conn {
     /// Decodes the frames buffered and reads more, until the socket is drained or `budget`
     /// bytes were read.
@@ -304,7 +274,7 @@ impl Conn {
         scratch: &mut [u8],
         budget: u64,
         out: &mut Vec<Message>,
-    ) -> Result<(u64, Drained), ConnError> {
+    ) -> Result<(u64, Drained), InboundError> {
         let mut read = 0u64;
         loop {
             self.decode(out)?;
@@ -312,7 +282,7 @@ impl Conn {
                 return Ok((read, Drained::No));
             }
             match self.sock.read(scratch) {
-                Ok(0) => return Err(ConnError::Closed),
+                Ok(0) => return Err(std::io::Error::from(std::io::ErrorKind::UnexpectedEof).into()),
                 Ok(n) => {
                     read += n as u64;
                     self.buf.extend_from_slice(&scratch[..n]);
@@ -321,27 +291,18 @@ impl Conn {
                     return Ok((read, Drained::Yes))
                 }
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(ConnError::Io(e)),
+                Err(e) => return Err(InboundError::Io(e)),
             }
         }
     }
 
     /// Takes every whole frame off the buffer and puts its messages in `out`.
-    fn decode(&mut self, out: &mut Vec<Message>) -> Result<(), ConnError> {
+    fn decode(&mut self, out: &mut Vec<Message>) -> Result<(), InboundError> {
         while let Some((payload, crc)) = self.frame()? {
             PeerBytes::add(&self.received.received, codec::FRAME_HEADER_LEN + payload.len());
-            let msgs = codec::decode_batch(payload, crc).map_err(ConnError::Protocol)?;
+            let msgs = codec::decode_batch(payload, crc).map_err(InboundError::Protocol)?;
             for msg in msgs {
-                if msg.from != self.from || msg.to != self.local {
-                    return Err(ConnError::Misaddressed { from: msg.from, to: msg.to });
-                }
-                // Only this member's own transport makes a snapshot whose data names a local
-                // file or image, never a peer.
-                if let cairn_raft::MessageBody::Snapshot { snapshot } = &msg.body {
-                    if crate::images::is_handle(&snapshot.data) {
-                        return Err(ConnError::Handle);
-                    }
-                }
+                check_message(&msg, self.from, self.local)?;
                 out.push(msg);
             }
         }
@@ -349,12 +310,12 @@ impl Conn {
     }
 
     /// The next whole frame's payload and checksum, if the buffer holds one.
-    fn frame(&mut self) -> Result<Option<(Bytes, u32)>, ConnError> {
+    fn frame(&mut self) -> Result<Option<(Bytes, u32)>, InboundError> {
         let Some(header) = self.buf.first_chunk::<{ codec::FRAME_HEADER_LEN }>() else {
             return Ok(None);
         };
-        let (len, crc) =
-            codec::parse_frame_header(header, self.max_frame_bytes).map_err(ConnError::Protocol)?;
+        let (len, crc) = codec::parse_frame_header(header, self.max_frame_bytes)
+            .map_err(InboundError::Protocol)?;
         let whole = codec::FRAME_HEADER_LEN + len as usize;
         if self.buf.len() < whole {
             self.buf.reserve(whole - self.buf.len());
