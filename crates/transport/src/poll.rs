@@ -3,7 +3,7 @@
 //! A message read by the transport's thread and queued for the driver costs a thread hand-off
 //! before the core sees it: the driver must be woken and scheduled, 15-30 µs on two shared
 //! cores, twice in each round of a 1-client put on 3 members (the follower's append, the
-//! leader's answer). [`crate::direct`] removed the same hand-off on the sending side. Here a
+//! leader's answer). `direct.rs` removed the same hand-off on the sending side. Here a
 //! plain message connection, once its caller has introduced itself and been accepted, is handed
 //! over to the [`MessagePoll`] of the thread that takes the messages: that thread waits on its
 //! own input queue and on these sockets at once (one epoll set, through mio), and reads frames
