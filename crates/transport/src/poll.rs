@@ -178,21 +178,22 @@ impl MessagePoll {
             self.gather(Some(Duration::ZERO));
         }
         let mut read = 0u64;
-        let mut i = 0;
-        while i < self.ready.len() && read < budget {
-            let token = self.ready[i];
+        while read < budget {
+            let Some(&token) = self.ready.first() else { break };
             let Some(conn) = self.conns.get_mut(&token) else {
-                self.ready.swap_remove(i);
+                self.ready.swap_remove(0);
                 continue;
             };
             match conn.read(&mut self.scratch, budget - read, out) {
                 Ok((n, Drained::Yes)) => {
                     read += n;
-                    self.ready.swap_remove(i);
+                    self.ready.swap_remove(0);
                 }
                 Ok((n, Drained::No)) => {
+                    // The budget ran out: this connection goes last, so that one busy sender
+                    // (a leader streaming appends) cannot keep the others unread turn after turn.
                     read += n;
-                    i += 1;
+                    self.ready.rotate_left(1);
                 }
                 Err(e) => {
                     // As the transport's reader: a connection that broke or hung up is not news.
@@ -200,7 +201,7 @@ impl MessagePoll {
                         tracing::warn!(from = %hex(conn.from), "closed a peer connection: {e}");
                     }
                     self.close(token);
-                    self.ready.swap_remove(i);
+                    self.ready.swap_remove(0);
                 }
             }
         }

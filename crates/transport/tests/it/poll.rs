@@ -189,3 +189,65 @@ fn a_sleeping_consumer_is_woken_by_a_sender_and_sleeps_out_its_timeout_otherwise
     assert!(started.elapsed() < Duration::from_secs(5), "a sender woke the sleep");
     waker.join().expect("the waker ends");
 }
+
+#[test]
+fn a_connection_that_always_has_more_does_not_keep_another_unread() {
+    // Read turn by turn on this thread, 64 KiB a turn, so that the order is the poll's alone.
+    let ((_la, aa), (lb, ab)) = (listener(), listener());
+    let (mut poll, wake) = MessagePoll::new().expect("a poll");
+    let mut cfg = TransportConfig::new(7, B);
+    cfg.listeners.push(lb.into());
+    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    cfg.poll = Some(wake);
+    let (_tb, _rb) = start_with(cfg);
+    let mut busy = introduce(ab, A);
+    let mut quiet = introduce(ab, A);
+    let mut out = Vec::new();
+    // Both connections handed over and registered, nothing to read yet.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while poll.connections() < 2 && Instant::now() < deadline {
+        poll.read(u64::MAX, &mut out);
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(poll.connections(), 2);
+    // 8 MiB on the busy connection, more than its socket holds: the writer refills it as fast
+    // as it is read. Then one heartbeat on the quiet one.
+    let appends = 8u64;
+    let mut frames = Vec::new();
+    for i in 1..=appends {
+        cairn_transport::codec::encode_batch(&[append(A, B, i, 1)], &mut frames);
+    }
+    let writer = std::thread::spawn(move || {
+        busy.write_all(&frames).expect("written");
+        busy
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let mut frame = Vec::new();
+    cairn_transport::codec::encode_batch(&[heartbeat(A, B, 99)], &mut frame);
+    quiet.write_all(&frame).expect("written");
+    std::thread::sleep(Duration::from_millis(50));
+    let (mut turns, mut appends_before) = (0, 0);
+    loop {
+        assert!(turns < 10_000, "the heartbeat never arrived");
+        turns += 1;
+        poll.read(64 << 10, &mut out);
+        let hb = out.iter().position(|m| *m == heartbeat(A, B, 99));
+        appends_before += hb.unwrap_or(out.len());
+        out.clear();
+        if hb.is_some() {
+            break;
+        }
+    }
+    assert!(
+        turns <= 3 && (appends_before as u64) < appends,
+        "the heartbeat waited {turns} turns, behind {appends_before} appends of the busy connection"
+    );
+    // The rest of the appends, all of them, before the writer can finish.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while (appends_before as u64) < appends && Instant::now() < deadline {
+        poll.read(u64::MAX, &mut out);
+        appends_before += out.drain(..).count();
+    }
+    assert_eq!(appends_before as u64, appends, "every append arrived");
+    let _busy = writer.join().expect("the writer ends");
+}
