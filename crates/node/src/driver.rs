@@ -124,6 +124,9 @@ const BATCH_MAX: usize = 4096;
 /// snapshot (`scripts/snapshot_join.sh`, 2026-11-28). 4 MiB is tens of milliseconds of work.
 const TURN_BYTES: u64 = 4 << 20;
 
+/// Bytes of the peers' sockets a turn reads at least, however much its queue brought.
+const PEER_READ_MIN: u64 = 256 << 10;
+
 /// Whether a round waits for this message: an append carrying entries, or an answer (to an
 /// append, a vote, a read index).
 fn awaited(m: &cairn_raft::Message) -> bool {
@@ -269,8 +272,11 @@ impl Driver {
                 Ok(None) => {}
                 Err(Disconnected) => return Ok(()),
             }
-            // Then what the peers' sockets hold, up to the rest of the turn's bytes.
-            self.poll.read(TURN_BYTES.saturating_sub(taken), &mut self.peer_msgs);
+            // Then what the peers' sockets hold, up to the rest of the turn's bytes, and some
+            // even when the queue took them all: a leader under a flood of proposals must still
+            // read its followers' answers and heartbeats.
+            let budget = TURN_BYTES.saturating_sub(taken).max(PEER_READ_MIN);
+            self.poll.read(budget, &mut self.peer_msgs);
             for msg in self.peer_msgs.drain(..) {
                 self.replica.handle_message(msg);
             }

@@ -13,10 +13,10 @@
 //! The queue's senders wake the waiting thread through [`PollHandle::wake`], which costs a
 //! system call only when the thread is asleep (announced by [`MessagePoll::prepare_sleep`]).
 //!
-//! Memory is bounded as on the transport's path: a connection buffers at most one frame (a
-//! frame's size is checked against the limit before it is buffered) and one read, and a turn
-//! reads at most about its budget; what a sender writes meanwhile waits in the socket, and TCP
-//! pushes back on it.
+//! Memory is bounded as on the transport's path: a connection buffers about one frame (a
+//! frame's size is checked against the limit before it is buffered, and the buffer grows only
+//! with the bytes that arrive) and one read, and a turn reads at most about its budget; what a
+//! sender writes meanwhile waits in the socket, and TCP pushes back on it.
 
 use std::collections::HashMap;
 use std::io::Read;
@@ -64,8 +64,9 @@ struct Shared {
     waker: Waker,
     /// The consumer is about to sleep, or sleeping: a sender must wake it.
     sleeping: AtomicBool,
-    /// Connections handed over and not yet registered.
-    adopted: Mutex<Vec<Adopted>>,
+    /// Connections handed over and not yet registered; `None` once the consumer is gone, so
+    /// that a connection handed over after it closes at once instead of waiting unread.
+    adopted: Mutex<Option<Vec<Adopted>>>,
 }
 
 /// Wakes the consumer of a [`MessagePoll`], and hands it connections. Cheap to clone.
@@ -84,7 +85,8 @@ impl PollHandle {
         // Pairs with the fence in `prepare_sleep`: either the consumer sees what was queued
         // before this, or this sees it sleeping.
         fence(Ordering::SeqCst);
-        if self.0.sleeping.swap(false, Ordering::SeqCst) {
+        // Loaded first: a sender to a busy consumer only reads the shared line.
+        if self.0.sleeping.load(Ordering::SeqCst) && self.0.sleeping.swap(false, Ordering::SeqCst) {
             if let Err(e) = self.0.waker.wake() {
                 tracing::error!("waking the Raft thread failed: {e}");
             }
@@ -92,7 +94,11 @@ impl PollHandle {
     }
 
     pub(crate) fn adopt(&self, conn: Adopted) {
-        self.0.adopted.lock().unwrap_or_else(|e| e.into_inner()).push(conn);
+        match &mut *self.0.adopted.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(adopted) => adopted.push(conn),
+            // The consumer has stopped: dropping the connection tells the peer.
+            None => return,
+        }
         self.wake();
     }
 }
@@ -111,6 +117,14 @@ pub struct MessagePoll {
     scratch: Box<[u8]>,
 }
 
+impl Drop for MessagePoll {
+    /// Connections handed over from now on are closed at once (see [`PollHandle::adopt`]).
+    fn drop(&mut self) {
+        let adopted = self.shared.adopted.lock().unwrap_or_else(|e| e.into_inner()).take();
+        drop(adopted);
+    }
+}
+
 impl std::fmt::Debug for MessagePoll {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MessagePoll").field("conns", &self.conns.len()).finish_non_exhaustive()
@@ -124,7 +138,7 @@ impl MessagePoll {
         let shared = Arc::new(Shared {
             waker,
             sleeping: AtomicBool::new(false),
-            adopted: Mutex::new(Vec::new()),
+            adopted: Mutex::new(Some(Vec::new())),
         });
         let me = MessagePoll {
             poll,
@@ -165,6 +179,11 @@ impl MessagePoll {
 
     /// Sleeps until a sender wakes the consumer, a connection has bytes, or `timeout` passes.
     pub fn sleep(&mut self, timeout: Duration) {
+        // Connections handed over since the last read: registered now, after the announcement,
+        // or bytes on them could not end this sleep (a later hand-over wakes it). Registering
+        // one marks it ready, and then the sleep only gathers what else is ready.
+        self.register_adopted();
+        let timeout = if self.ready.is_empty() { timeout } else { Duration::ZERO };
         self.gather(Some(timeout));
         self.shared.sleeping.store(false, Ordering::SeqCst);
         self.fresh = true;
@@ -182,13 +201,13 @@ impl MessagePoll {
         while read < budget {
             let Some(&token) = self.ready.first() else { break };
             let Some(conn) = self.conns.get_mut(&token) else {
-                self.ready.swap_remove(0);
+                self.ready.remove(0);
                 continue;
             };
             match conn.read(&mut self.scratch, budget - read, out) {
                 Ok((n, Drained::Yes)) => {
                     read += n;
-                    self.ready.swap_remove(0);
+                    self.ready.remove(0);
                 }
                 Ok((n, Drained::No)) => {
                     // The budget ran out: this connection goes last, so that one busy sender
@@ -202,7 +221,7 @@ impl MessagePoll {
                         tracing::warn!(from = %hex(conn.from), "closed a peer connection: {e}");
                     }
                     self.close(token);
-                    self.ready.swap_remove(0);
+                    self.ready.remove(0);
                 }
             }
         }
@@ -229,8 +248,10 @@ impl MessagePoll {
     }
 
     fn register_adopted(&mut self) {
-        let adopted =
-            std::mem::take(&mut *self.shared.adopted.lock().unwrap_or_else(|e| e.into_inner()));
+        let adopted = match &mut *self.shared.adopted.lock().unwrap_or_else(|e| e.into_inner()) {
+            Some(adopted) if !adopted.is_empty() => std::mem::take(adopted),
+            _ => return,
+        };
         for a in adopted {
             let token = Token(self.next);
             self.next += 1;
@@ -318,12 +339,19 @@ impl Conn {
         };
         let (len, crc) = codec::parse_frame_header(header, self.max_frame_bytes)
             .map_err(InboundError::Protocol)?;
+        // Nothing is reserved for what the header claims: the buffer grows with the bytes that
+        // arrive, so a stranger's headers claiming 64 MiB each cost nothing.
         let whole = codec::FRAME_HEADER_LEN + len as usize;
         if self.buf.len() < whole {
-            self.buf.reserve(whole - self.buf.len());
             return Ok(None);
         }
         self.buf.advance(codec::FRAME_HEADER_LEN);
-        Ok(Some((self.buf.split_to(len as usize).freeze(), crc)))
+        let payload = self.buf.split_to(len as usize).freeze();
+        // The messages hold slices of the buffer: a large one emptied is let go, so that small
+        // entries decoded later do not keep it alive.
+        if self.buf.is_empty() && self.buf.capacity() > READ_CHUNK {
+            self.buf = BytesMut::new();
+        }
+        Ok(Some((payload, crc)))
     }
 }

@@ -4,7 +4,7 @@
 //! connection, and a sleeping consumer woken by its queue's senders.
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, Receiver};
@@ -136,10 +136,14 @@ fn introduce(addr: std::net::SocketAddr, from: NodeId) -> TcpStream {
 fn closed_by_peer(s: &mut TcpStream) -> bool {
     let deadline = Instant::now() + Duration::from_secs(5);
     let mut buf = [0u8; 64];
+    s.set_read_timeout(Some(Duration::from_millis(200))).expect("a timeout");
     while Instant::now() < deadline {
         match s.read(&mut buf) {
-            Ok(0) | Err(_) => return true,
+            Ok(0) => return true,
             Ok(_) => {}
+            // A read that timed out says nothing: the connection is still open.
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(_) => return true,
         }
     }
     false
@@ -250,4 +254,46 @@ fn a_connection_that_always_has_more_does_not_keep_another_unread() {
     }
     assert_eq!(appends_before as u64, appends, "every append arrived");
     let _busy = writer.join().expect("the writer ends");
+}
+
+#[test]
+fn a_connection_handed_over_while_the_consumer_is_awake_ends_its_next_sleep() {
+    let ((_la, aa), (lb, ab)) = (listener(), listener());
+    let (mut poll, wake) = MessagePoll::new().expect("a poll");
+    let mut cfg = TransportConfig::new(7, B);
+    cfg.listeners.push(lb.into());
+    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    cfg.poll = Some(wake);
+    let (_tb, _rb) = start_with(cfg);
+    // Handed over while the consumer is busy elsewhere (it has not announced a sleep, so the
+    // hand-over does not wake it), then a heartbeat on it.
+    let mut s = introduce(ab, A);
+    let mut frame = Vec::new();
+    cairn_transport::codec::encode_batch(&[heartbeat(A, B, 5)], &mut frame);
+    s.write_all(&frame).expect("written");
+    std::thread::sleep(Duration::from_millis(100));
+    poll.prepare_sleep();
+    let started = Instant::now();
+    poll.sleep(Duration::from_secs(3));
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "the sleep ran past the new connection's bytes"
+    );
+    let mut out = Vec::new();
+    poll.read(u64::MAX, &mut out);
+    assert_eq!(out, vec![heartbeat(A, B, 5)]);
+}
+
+#[test]
+fn a_connection_handed_over_after_the_consumer_stopped_is_closed() {
+    let ((_la, aa), (lb, ab)) = (listener(), listener());
+    let (poll, wake) = MessagePoll::new().expect("a poll");
+    let mut cfg = TransportConfig::new(7, B);
+    cfg.listeners.push(lb.into());
+    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    cfg.poll = Some(wake);
+    let (_tb, _rb) = start_with(cfg);
+    drop(poll);
+    let mut s = introduce(ab, A);
+    assert!(closed_by_peer(&mut s), "no one would ever read it: it is closed");
 }
