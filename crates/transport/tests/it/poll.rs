@@ -194,16 +194,23 @@ fn a_sleeping_consumer_is_woken_by_a_sender_and_sleeps_out_its_timeout_otherwise
     waker.join().expect("the waker ends");
 }
 
-#[test]
-fn a_connection_that_always_has_more_does_not_keep_another_unread() {
-    // Read turn by turn on this thread, 64 KiB a turn, so that the order is the poll's alone.
-    let ((_la, aa), (lb, ab)) = (listener(), listener());
-    let (mut poll, wake) = MessagePoll::new().expect("a poll");
+/// B, whose message connections go to a poll that the test reads on its own thread: the poll,
+/// what keeps B running, and B's address.
+fn b_read_here() -> (MessagePoll, (Transport, std::net::TcpListener), std::net::SocketAddr) {
+    let ((la, aa), (lb, ab)) = (listener(), listener());
+    let (poll, wake) = MessagePoll::new().expect("a poll");
     let mut cfg = TransportConfig::new(7, B);
     cfg.listeners.push(lb.into());
     cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
     cfg.poll = Some(wake);
-    let (_tb, _rb) = start_with(cfg);
+    let (tb, _rb) = start_with(cfg);
+    (poll, (tb, la), ab)
+}
+
+#[test]
+fn a_connection_that_always_has_more_does_not_keep_another_unread() {
+    // Read turn by turn on this thread, 64 KiB a turn, so that the order is the poll's alone.
+    let (mut poll, _b, ab) = b_read_here();
     let mut busy = introduce(ab, A);
     let mut quiet = introduce(ab, A);
     let mut out = Vec::new();
@@ -258,13 +265,7 @@ fn a_connection_that_always_has_more_does_not_keep_another_unread() {
 
 #[test]
 fn a_connection_handed_over_while_the_consumer_is_awake_ends_its_next_sleep() {
-    let ((_la, aa), (lb, ab)) = (listener(), listener());
-    let (mut poll, wake) = MessagePoll::new().expect("a poll");
-    let mut cfg = TransportConfig::new(7, B);
-    cfg.listeners.push(lb.into());
-    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
-    cfg.poll = Some(wake);
-    let (_tb, _rb) = start_with(cfg);
+    let (mut poll, _b, ab) = b_read_here();
     // Handed over while the consumer is busy elsewhere (it has not announced a sleep, so the
     // hand-over does not wake it), then a heartbeat on it.
     let mut s = introduce(ab, A);
@@ -286,13 +287,7 @@ fn a_connection_handed_over_while_the_consumer_is_awake_ends_its_next_sleep() {
 
 #[test]
 fn a_connection_handed_over_after_the_consumer_stopped_is_closed() {
-    let ((_la, aa), (lb, ab)) = (listener(), listener());
-    let (poll, wake) = MessagePoll::new().expect("a poll");
-    let mut cfg = TransportConfig::new(7, B);
-    cfg.listeners.push(lb.into());
-    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
-    cfg.poll = Some(wake);
-    let (_tb, _rb) = start_with(cfg);
+    let (poll, _b, ab) = b_read_here();
     drop(poll);
     let mut s = introduce(ab, A);
     assert!(closed_by_peer(&mut s), "no one would ever read it: it is closed");
