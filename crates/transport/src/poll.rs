@@ -118,7 +118,7 @@ pub struct MessagePoll {
 }
 
 impl Drop for MessagePoll {
-    /// Connections handed over from now on are closed at once (see [`PollHandle::adopt`]).
+    /// Connections handed over from now on are closed at once (see `PollHandle::adopt`).
     fn drop(&mut self) {
         let adopted = self.shared.adopted.lock().unwrap_or_else(|e| e.into_inner()).take();
         drop(adopted);
