@@ -32,6 +32,21 @@ impl Sink for Collect {
     }
 }
 
+/// The configuration of a transport for `local` in `cluster`, accepting on `l`, knowing `peer`
+/// at `addr`.
+pub fn config(
+    cluster: u64,
+    local: NodeId,
+    l: TcpListener,
+    peer: NodeId,
+    addr: SocketAddr,
+) -> TransportConfig {
+    let mut cfg = TransportConfig::new(cluster, local);
+    cfg.listeners.push(l.into());
+    cfg.peers = std::collections::BTreeMap::from([(peer, vec![addr.into()])]);
+    cfg
+}
+
 /// Starts a transport with `cfg`, its events on the returned channel.
 pub fn start_with(cfg: TransportConfig) -> (Transport, Receiver<Event>) {
     let (tx, rx) = channel();

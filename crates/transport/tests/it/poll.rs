@@ -3,7 +3,6 @@
 //! large frames across turns, garbage and misaddressed messages that close only their own
 //! connection, and a sleeping consumer woken by its queue's senders.
 
-use std::collections::BTreeMap;
 use std::io::{ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use cairn_raft::{Message, NodeId};
 use cairn_transport::codec::{encode_hello, Hello, StreamKind};
-use cairn_transport::{MessagePoll, Transport, TransportConfig};
+use cairn_transport::{MessagePoll, Transport};
 
 use crate::common::*;
 
@@ -77,14 +76,9 @@ fn polled(
     budget: u64,
 ) -> (Transport, Transport, Consumer, Receiver<Message>, std::net::SocketAddr) {
     let ((la, aa), (lb, ab)) = (listener(), listener());
-    let mut cfg = TransportConfig::new(7, A);
-    cfg.listeners.push(la.into());
-    cfg.peers = BTreeMap::from([(B, vec![ab.into()])]);
-    let (ta, _ra) = start_with(cfg);
+    let (ta, _ra) = start_with(config(7, A, la, B, ab));
     let (poll, wake) = MessagePoll::new().expect("a poll");
-    let mut cfg = TransportConfig::new(7, B);
-    cfg.listeners.push(lb.into());
-    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    let mut cfg = config(7, B, lb, A, aa);
     cfg.poll = Some(wake.clone());
     let (tb, _rb) = start_with(cfg);
     let (consumer, rx) = Consumer::start(poll, wake, budget);
@@ -199,9 +193,7 @@ fn a_sleeping_consumer_is_woken_by_a_sender_and_sleeps_out_its_timeout_otherwise
 fn b_read_here() -> (MessagePoll, (Transport, std::net::TcpListener), std::net::SocketAddr) {
     let ((la, aa), (lb, ab)) = (listener(), listener());
     let (poll, wake) = MessagePoll::new().expect("a poll");
-    let mut cfg = TransportConfig::new(7, B);
-    cfg.listeners.push(lb.into());
-    cfg.peers = BTreeMap::from([(A, vec![aa.into()])]);
+    let mut cfg = config(7, B, lb, A, aa);
     cfg.poll = Some(wake);
     let (tb, _rb) = start_with(cfg);
     (poll, (tb, la), ab)

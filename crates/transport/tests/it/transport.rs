@@ -25,10 +25,7 @@ fn start(
     peer: NodeId,
     addr: SocketAddr,
 ) -> (Transport, Receiver<Event>) {
-    let mut cfg = TransportConfig::new(cluster, local);
-    cfg.listeners.push(l.into());
-    cfg.peers = BTreeMap::from([(peer, vec![addr.into()])]);
-    start_with(cfg)
+    start_with(config(cluster, local, l, peer, addr))
 }
 
 #[test]
