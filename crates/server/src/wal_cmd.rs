@@ -32,11 +32,12 @@ pub fn run(cmd: WalCmd) -> Result<()> {
         bail!("{} is in use by a running member: stop it first", data_dir.display());
     }
     let dir = OsDir::create(&wal).with_context(|| format!("opening {}", wal.display()))?;
-    let cuts = cairn_storage::repair(&dir).map_err(|e| anyhow::anyhow!("{}", e.in_dir(&wal)))?;
-    if cuts.is_empty() {
+    let repaired =
+        cairn_storage::repair(&dir).map_err(|e| anyhow::anyhow!("{}", e.in_dir(&wal)))?;
+    if repaired.cuts.is_empty() {
         println!("{}: nothing to repair", wal.display());
     }
-    for c in cuts {
+    for c in repaired.cuts {
         println!(
             "{}: cut at offset {} ({}); the cut bytes are in {}",
             wal.join(&c.file).display(),
@@ -44,6 +45,18 @@ pub fn run(cmd: WalCmd) -> Result<()> {
             c.reason,
             wal.join(&c.saved_as).display()
         );
+    }
+    match repaired.promise {
+        None => {}
+        Some(p) if p.read => println!(
+            "kept the term and vote the cut held: term {}, vote {}",
+            p.term.0,
+            p.vote.map_or_else(|| "none".to_string(), |v| format!("{:x}", v.0))
+        ),
+        Some(p) => println!(
+            "the damaged bytes may have held a vote: the member moves on to term {} without one",
+            p.term.0
+        ),
     }
     Ok(())
 }

@@ -22,5 +22,5 @@ mod repair;
 mod replay;
 pub mod wal;
 
-pub use repair::{repair, Cut};
+pub use repair::{repair, Cut, Promise, Repaired};
 pub use wal::{Recovered, Wal, WalError, WalOptions};
