@@ -188,24 +188,30 @@ impl tower::Service<Request<Body>> for Dispatch {
             let call = GrpcCall::start(path);
             if !crate::learner::serves(path) && self.engine.as_ref().is_some_and(|e| e.is_learner())
             {
-                let refused = Some(crate::learner::refusal());
+                let refused = Some(Box::new(crate::learner::refusal()));
                 return Answer { route: None, refused, grpc_path: None, call };
             }
             // A reference-counted clone: this runs on every call, unlike the naming.
             let grpc_path = req.uri().path_and_query().cloned();
-            Answer { route: Some(self.grpc.call(req)), refused: None, grpc_path, call }
+            Answer { route: Some(Box::pin(self.grpc.call(req))), refused: None, grpc_path, call }
         } else {
-            Answer { route: Some(self.http.call(req)), refused: None, grpc_path: None, call: None }
+            let route = Some(Box::pin(self.http.call(req)));
+            Answer { route, refused: None, grpc_path: None, call: None }
         }
     }
 }
 
 /// A routed request's answer; for a gRPC call, with [`name_unimplemented`] applied and the
 /// call counted (`metrics::grpc`).
+///
+/// hyper keeps each HTTP/2 stream's task as large as the larger of this future and the body it
+/// sends after, for the stream's whole life. The routed call (hundreds of bytes of tower and
+/// axum state) and a refusal are therefore boxed: a long-lived stream (a watch) then holds only
+/// its body, and the call's state is freed once it answers.
 pub(crate) struct Answer {
     /// The routed call, or none for a call refused before routing (`refused`).
-    route: Option<RouteFuture>,
-    refused: Option<Response>,
+    route: Option<std::pin::Pin<Box<RouteFuture>>>,
+    refused: Option<Box<Response>>,
     grpc_path: Option<axum::http::uri::PathAndQuery>,
     call: Option<GrpcCall>,
 }
@@ -215,8 +221,8 @@ impl std::future::Future for Answer {
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut resp = match (self.refused.take(), self.route.as_mut()) {
-            (Some(refused), _) => refused,
-            (None, Some(route)) => std::task::ready!(std::pin::Pin::new(route).poll(cx))?,
+            (Some(refused), _) => *refused,
+            (None, Some(route)) => std::task::ready!(route.as_mut().poll(cx))?,
             (None, None) => unreachable!("an answer is either routed or refused"),
         };
         if let Some(path) = self.grpc_path.take() {
