@@ -20,7 +20,7 @@ use crate::codec;
 use crate::error::{io_err as io, WalError};
 use crate::fs::{Dir, File};
 use crate::record::{find_record, next_record, Next, KIND_ENTRY, KIND_HARD_STATE};
-use crate::replay::read_segment;
+use crate::replay::{read_segment, Replayed};
 use crate::wal::{segment_names, Wal, WalOptions};
 
 /// One cut repair made.
@@ -72,8 +72,9 @@ pub fn repair<D: Dir + Clone>(dir: &D) -> Result<Repaired, WalError> {
     for _ in 0..=names.len() {
         let names = segment_names(dir)?;
         let (file, offset, reason) = match crate::replay::replay(dir, names.clone()) {
-            Ok(_) => {
-                let promise = if cuts.is_empty() { None } else { keep_promises(dir, &seen)? };
+            Ok(replayed) => {
+                let promise =
+                    if cuts.is_empty() { None } else { keep_promises(dir, replayed, &seen)? };
                 return Ok(Repaired { cuts, promise });
             }
             Err(WalError::Corrupt { file, offset, reason })
@@ -153,24 +154,22 @@ struct Seen {
 }
 
 impl Seen {
-    /// Reads every record of `data` that checks out, skipping over bytes that do not.
+    /// Reads every record of `data` that checks out, skipping over bytes that do not. `data`
+    /// ends at its last nonzero byte (see [`save`]), so whatever does not read before its end
+    /// is unread bytes.
     fn scan(&mut self, data: &[u8]) {
         let mut pos = 0;
-        while let Some(at) = find_record(data, pos, data.len()) {
-            if at > pos {
-                self.unread_after_last = true;
+        while pos < data.len() {
+            if let Next::Record { kind, payload, next } = next_record(data, pos) {
+                self.note(kind, payload);
+                pos = next;
+                continue;
             }
-            // `find_record` returns where a whole record starts; anything else is skipped.
-            match next_record(data, at) {
-                Next::Record { kind, payload, next } => {
-                    self.note(kind, payload);
-                    pos = next;
-                }
-                _ => pos = at + 1,
-            }
-        }
-        if crate::record::last_nonzero(&data[pos.min(data.len())..]).is_some() {
             self.unread_after_last = true;
+            match find_record(data, pos + 1, data.len()) {
+                Some(at) => pos = at,
+                None => return,
+            }
         }
     }
 
@@ -212,15 +211,19 @@ impl Seen {
     }
 }
 
-/// Ends the repaired log with the term and vote the cut held (see [`Seen::promise`]), durably.
-fn keep_promises<D: Dir + Clone>(dir: &D, seen: &Seen) -> Result<Option<Promise>, WalError> {
-    let names = segment_names(dir)?;
-    let Some((_, last)) = names.last() else { return Ok(None) };
-    // New segments, should the hard state not fit, take the size of the one it follows.
-    let size = dir.open(last).and_then(|f| f.size()).map_err(io("open", last))?;
-    let (mut wal, rec) = Wal::open(dir.clone(), WalOptions { segment_bytes: size })?;
-    let kept = rec.hard_state;
+/// Ends the repaired log, as its last replay found it, with the term and vote the cut held (see
+/// [`Seen::promise`]), durably.
+fn keep_promises<D: Dir + Clone>(
+    dir: &D,
+    replayed: Replayed<D::File>,
+    seen: &Seen,
+) -> Result<Option<Promise>, WalError> {
+    let kept = replayed.recovered.hard_state;
     let Some(promise) = seen.promise(kept) else { return Ok(None) };
+    // New segments, should the hard state not fit, take the size of the one it follows.
+    let last = replayed.segments.last().map(|s| s.1.clone()).unwrap_or_default();
+    let size = replayed.active.size().map_err(io("size", &last))?;
+    let mut wal = Wal::from_replay(dir.clone(), WalOptions { segment_bytes: size }, replayed);
     let hs = HardState { term: promise.term, vote: promise.vote, commit: kept.commit };
     wal.append(&[], Some(&hs))?;
     wal.sync()?;

@@ -120,7 +120,7 @@ impl<D: Dir> Wal<D> {
         Ok((Wal::from_replay(dir, opts, replayed), recovered))
     }
 
-    fn from_replay(dir: D, opts: WalOptions, replayed: Replayed<D::File>) -> Wal<D> {
+    pub(crate) fn from_replay(dir: D, opts: WalOptions, replayed: Replayed<D::File>) -> Wal<D> {
         let Replayed { recovered, segments, active, offset } = replayed;
         let segments = segments
             .into_iter()
