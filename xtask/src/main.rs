@@ -246,6 +246,8 @@ fn ci() -> Result<(), String> {
     p.run("simulator", || {
         sim(&["--seeds", "1..1000"])?;
         sim(&["--seeds", "1001..1300", "--chaos", "10"])?;
+        // Slow log syncs: crashes and elections land between a write and its sync.
+        sim(&["--seeds", "1301..1500", "--async-writes", "--sync-rate", "0.01"])?;
         sim(&["--stack", "--seeds", "1..300"])
     })?;
     p.run("compat (etcdctl, Go client, k8s)", compat)?;
@@ -272,6 +274,7 @@ fn main() -> ExitCode {
         }
         "sim-soak" => sim(&["--seeds", "1..100000"])
             .and_then(|()| sim(&["--seeds", "1..20000", "--chaos", "20", "--max-msg-bytes", "1"]))
+            .and_then(|()| sim(&["--seeds", "1..20000", "--async-writes", "--sync-rate", "0.01"]))
             .and_then(|()| sim(&["--stack", "--seeds", "1..100000"])),
         _ => Err("usage: cargo xtask ci | compat | cluster | cluster-soak [30m] | sim-soak".into()),
     };

@@ -21,6 +21,7 @@ use tokio::sync::oneshot;
 use crate::committer::{self, Job, Report};
 use crate::error::{EngineError, StopCause, StorageError};
 use crate::ids::RequestId;
+use crate::log_syncer::LogSyncer;
 use crate::metrics::{EngineMetrics, TimedDir};
 use crate::peers::PeerInput;
 use crate::replica::{Replica, Reply};
@@ -63,6 +64,10 @@ pub(crate) enum Input {
     /// A keepalive took a ticket for a round (`lease_clock.rs`); the turn it causes issues it.
     LeaseRound,
     Committer(Report),
+    /// The log's sync thread made writes up to this number durable.
+    LogSynced(u64),
+    /// The log's sync thread failed: the engine stops.
+    LogSyncFailed(StorageError),
     Peer(PeerInput),
     Stop,
 }
@@ -166,6 +171,8 @@ fn weight(input: &Input) -> u64 {
 pub(crate) struct Driver {
     replica: EngineReplica,
     committer: committer::Handle,
+    /// The log's sync thread, with asynchronous storage writes.
+    syncer: Option<LogSyncer>,
     shared: Arc<Shared>,
     rx: Receiver<Input>,
     /// Where the driver sleeps, and reads its peers' messages.
@@ -187,7 +194,7 @@ pub(crate) struct Driver {
 impl Driver {
     pub(crate) fn new(
         replica: EngineReplica,
-        committer: committer::Handle,
+        (committer, syncer): (committer::Handle, Option<LogSyncer>),
         shared: Arc<Shared>,
         (rx, poll): (Receiver<Input>, MessagePoll),
         tick: Duration,
@@ -197,6 +204,7 @@ impl Driver {
         Driver {
             replica,
             committer,
+            syncer,
             shared,
             rx,
             poll,
@@ -335,6 +343,8 @@ impl Driver {
             // Physical compaction finished; the next process answers who waits for it.
             Input::Committer(Report::CompactionDone) => {}
             Input::Committer(Report::Failed(e)) => return Err(StorageError::Backend(e)),
+            Input::LogSynced(write) => self.replica.handle_log_synced(write),
+            Input::LogSyncFailed(e) => return Err(e),
             Input::Peer(PeerInput::Message(msg)) => {
                 self.shared.peer_inbox.taken(crate::peer_inbox::cost(&msg));
                 self.replica.handle_message(msg)
@@ -363,6 +373,10 @@ impl Driver {
     }
 
     fn turn(&mut self) -> Result<(), StorageError> {
+        if let Some(syncer) = &mut self.syncer {
+            let later = syncer.on_thread(&self.shared.metrics.wal_fsync);
+            self.replica.set_sync_later(later);
+        }
         let transport = &self.transport;
         self.replica.process_with(&mut |msgs| {
             let Some(t) = transport else { return };
@@ -380,6 +394,16 @@ impl Driver {
 
     /// Carries out what the replica left in its work.
     fn carry_out(&mut self) -> Result<(), StorageError> {
+        // The sync first, so the fsync starts before the rest is carried out.
+        if let Some(write) = self.replica.work().log_sync.take() {
+            let syncer = self.syncer.as_mut().expect("writes are left to sync only with a syncer");
+            let segment = self.replica.log_segment();
+            let file = match syncer.needs_handle(segment) {
+                true => Some(self.replica.log_sync_handle()?),
+                false => None,
+            };
+            syncer.sync(write, file)?;
+        }
         let work = self.replica.work();
         match &self.transport {
             Some(t) => t.send(work.messages.drain(..)),

@@ -138,6 +138,19 @@ fn start_peers(
     Ok(Some(crate::peers::start(c, &cfg.name, tx, shared.clone(), snap)?))
 }
 
+/// The log's sync thread, unless the log syncs inline.
+fn spawn_syncer(
+    cfg: &EngineConfig,
+    tx: &crate::driver::InputTx,
+) -> Result<Option<crate::log_syncer::LogSyncer>, EngineError> {
+    match cfg.log_sync {
+        crate::LogSync::Inline => Ok(None),
+        mode => crate::log_syncer::LogSyncer::spawn(&cfg.name, mode, tx.clone())
+            .map(Some)
+            .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e)))),
+    }
+}
+
 type Images<'a> = (&'a Arc<Store<LmdbBackend>>, &'a Arc<cairn_transport::OutgoingImages>);
 
 fn replica_config(
@@ -151,6 +164,7 @@ fn replica_config(
     raft.heartbeat_interval_ticks = cfg.heartbeat_ticks;
     raft.seed = id;
     raft.read_mode = cfg.read_mode;
+    raft.async_storage_writes = cfg.log_sync != crate::LogSync::Inline;
     let mut rc = ReplicaConfig::new(raft);
     rc.request_timeout_ticks = cfg.request_timeout_ticks();
     rc.snapshot_entries = cfg.snapshot_entries;
@@ -237,9 +251,10 @@ impl Engine {
         })
         .map_err(|e| EngineError::Open(OpenError::Spawn(Arc::new(e))))?;
         let transport = start_peers(&cfg, &member, tx.clone(), &shared, images)?;
+        let syncer = spawn_syncer(&cfg, &tx)?;
         let mut driver = Driver::new(
             replica,
-            committer,
+            (committer, syncer),
             shared.clone(),
             (rx, poll),
             cfg.tick_interval,

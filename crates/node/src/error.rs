@@ -152,6 +152,8 @@ pub enum StorageError {
     },
     /// The thread that commits the store is gone.
     CommitterGone,
+    /// The thread that syncs the log is gone.
+    SyncerGone,
     /// The leader knows this member acknowledged entries up to `commit`, but its log ends at
     /// `last`: its data was rolled back. Serving on would risk applying entries the cluster
     /// never committed.
@@ -333,6 +335,7 @@ impl fmt::Display for StorageError {
                 write!(f, "the snapshot at index {index} arrived without a matching image")
             }
             StorageError::CommitterGone => f.write_str("the store's committer stopped"),
+            StorageError::SyncerGone => f.write_str("the log's sync thread stopped"),
             StorageError::LogLost { last, commit } => write!(
                 f,
                 "the leader knows this member acknowledged entries up to index {commit}, but its log ends at {last}: its data directory lost entries (restored from an older copy?). Stopping rather than serve it; remove the member and add it back with an empty data directory"
@@ -419,6 +422,7 @@ impl PartialEq for StorageError {
                 StorageError::SnapshotMissing { index: b },
             ) => a == b,
             (StorageError::CommitterGone, StorageError::CommitterGone) => true,
+            (StorageError::SyncerGone, StorageError::SyncerGone) => true,
             _ => false,
         }
     }

@@ -55,6 +55,7 @@ mod identity;
 mod ids;
 mod join;
 mod lease_clock;
+mod log_syncer;
 pub mod metrics;
 mod peer_inbox;
 mod peers;
@@ -73,7 +74,7 @@ pub use config::ReplicaBug;
 #[doc(hidden)]
 pub use config::ReplicaConfig;
 pub use config::{
-    min_lease_ttl, AutoPromote, EngineConfig, ReadMode, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
+    min_lease_ttl, AutoPromote, EngineConfig, LogSync, ReadMode, DEFAULT_SNAPSHOT_CATCHUP_ENTRIES,
     DEFAULT_SNAPSHOT_CATCHUP_MAX, DEFAULT_SNAPSHOT_CATCHUP_MAX_BYTES,
 };
 pub use engine::{

@@ -25,6 +25,9 @@ pub enum PlantedBug {
     VoteIgnoresLog,
     /// Answer ReadIndex at once, without confirming leadership with a heartbeat round (§6.4).
     ReadSkipsQuorum,
+    /// Under asynchronous storage writes, count the leader's own copy toward commit once
+    /// written, before it is durable.
+    CountUnsyncedOwnCopy,
 }
 
 /// Configuration of one node. Build it with [`Config::new`] and adjust fields.
@@ -55,6 +58,12 @@ pub struct Config {
     pub max_inflight_bytes: u64,
     /// Seeds the election-timeout jitter; the node id is mixed in, so one cluster seed works.
     pub seed: u64,
+    /// The driver may write a `Ready`'s entries and make them durable later
+    /// ([`crate::Raft::advance_written`], then [`crate::Raft::log_synced`]), as etcd raft's
+    /// `AsyncStorageWrites`. The core then applies only entries durable on this node. Off, every
+    /// `Ready` is durable once advanced, and its committed entries may include the entries it
+    /// hands out to write (they are persisted before they are applied).
+    pub async_storage_writes: bool,
     #[cfg(feature = "planted-bugs")]
     pub planted_bug: Option<PlantedBug>,
 }
@@ -73,6 +82,7 @@ impl Config {
             max_inflight_msgs: 256,
             max_inflight_bytes: 0,
             seed: 0,
+            async_storage_writes: false,
             #[cfg(feature = "planted-bugs")]
             planted_bug: None,
         }
@@ -122,6 +132,7 @@ pub(crate) enum PlantedBugNever {
     CommitPreviousTerm,
     VoteIgnoresLog,
     ReadSkipsQuorum,
+    CountUnsyncedOwnCopy,
 }
 
 #[cfg(feature = "planted-bugs")]

@@ -105,10 +105,10 @@ impl Raft {
         self.leader = Some(self.id);
         // Conf changes already in the log may still be unapplied: no new one until they are.
         self.pending_conf_index = self.log.last_index();
-        let persisted = self.log.persisted();
+        let synced = self.log.synced();
         if let Some(pr) = self.tracker.progress_mut(self.id) {
             pr.become_replicate();
-            pr.maybe_update(persisted);
+            pr.maybe_update(synced);
         }
         // Commit an entry of the new term: that commits everything before it (§5.4.2) and tells
         // the leader its true commit index, which ReadIndex needs (§6.4).

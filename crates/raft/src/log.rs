@@ -21,9 +21,18 @@ pub(crate) struct RaftLog {
     /// Invariant: `applied <= committed`; entries up to `applied` were handed out in a `Ready`
     /// and that `Ready` was advanced.
     applied: LogIndex,
-    /// The last index known to be on this node's disk.
-    /// Invariant: `persisted <= last_index()`; entries above it are in the next `Ready`.
-    persisted: LogIndex,
+    /// The last index handed to the driver to write (in a `Ready` it has advanced).
+    /// Invariant: `written <= last_index()`; entries above it are in the next `Ready`.
+    written: LogIndex,
+    /// The last index known durable on this node's disk: everything a `Ready` handed out once
+    /// that `Ready` was advanced with [`crate::Raft::advance`], or what
+    /// [`crate::Raft::log_synced`] reported after [`crate::Raft::advance_written`].
+    /// Invariant: `synced <= written`. Only entries up to here are applied, so the state machine
+    /// never holds an entry that a crash could take out of this node's log.
+    synced: LogIndex,
+    /// Committed entries are applied only once durable here ([`crate::Config::async_storage_writes`]);
+    /// otherwise they are applied in the `Ready` that writes them.
+    apply_synced_only: bool,
     /// Invariant: the sum of `entries`' [`Entry::size_bytes`]: what the log holds in memory,
     /// which bounds how much a leader keeps for followers catching up.
     bytes: u64,
@@ -44,7 +53,12 @@ pub(crate) struct LogMark {
 impl RaftLog {
     /// A log restored from what the driver persisted: its latest snapshot, the entries after it,
     /// and the commit index of its hard state.
-    pub(crate) fn restore(snapshot: Snapshot, entries: Vec<Entry>, commit: LogIndex) -> RaftLog {
+    pub(crate) fn restore(
+        snapshot: Snapshot,
+        entries: Vec<Entry>,
+        commit: LogIndex,
+        apply_synced_only: bool,
+    ) -> RaftLog {
         let snap_index = snapshot.meta.index;
         for (i, e) in entries.iter().enumerate() {
             assert_eq!(e.index, snap_index.plus(1 + i as u64), "persisted entries not contiguous");
@@ -59,7 +73,9 @@ impl RaftLog {
             entries,
             committed,
             applied: snap_index,
-            persisted: last,
+            written: last,
+            synced: last,
+            apply_synced_only,
         }
     }
 
@@ -83,8 +99,20 @@ impl RaftLog {
         self.applied
     }
 
-    pub(crate) fn persisted(&self) -> LogIndex {
-        self.persisted
+    /// The last index known durable here (see the field).
+    pub(crate) fn synced(&self) -> LogIndex {
+        self.synced
+    }
+
+    /// The driver made the log durable up to `index`, which held an entry of `term` when it was
+    /// written. Returns whether that moved the durable index: an entry since replaced (the log
+    /// was truncated after the write) does not count.
+    pub(crate) fn synced_to(&mut self, index: LogIndex, term: Term) -> bool {
+        if index <= self.synced || index > self.written || !self.match_term(index, term) {
+            return false;
+        }
+        self.synced = index;
+        true
     }
 
     /// The bytes of the entries held (their [`Entry::size_bytes`]).
@@ -172,7 +200,8 @@ impl RaftLog {
         let keep = self.offset(index);
         self.bytes -= size_of(&self.entries[keep..]);
         self.entries.truncate(keep);
-        self.persisted = self.persisted.min(index.prev());
+        self.written = self.written.min(index.prev());
+        self.synced = self.synced.min(index.prev());
     }
 
     /// Raises the commit index. Never lowers it.
@@ -228,7 +257,8 @@ impl RaftLog {
         self.bytes = 0;
         self.snapshot = snapshot;
         self.pending_snapshot = true;
-        self.persisted = self.persisted.min(index);
+        self.written = self.written.min(index);
+        self.synced = self.synced.min(index);
     }
 
     /// The driver captured the application state at `snapshot.meta.index` and may drop the log up
@@ -257,14 +287,15 @@ impl RaftLog {
         } else {
             None
         };
-        let unpersisted_from = self.persisted.max(self.snapshot.meta.index).next();
-        let entries = self.entries[self.offset(unpersisted_from)..].to_vec();
+        let unwritten_from = self.written.max(self.snapshot.meta.index).next();
+        let entries = self.entries[self.offset(unwritten_from)..].to_vec();
         if let Some(e) = entries.last() {
             mark.last_entry = Some((e.index, e.term));
         }
         let apply_from = self.applied.max(self.snapshot.meta.index).next();
-        let committed_entries = if apply_from <= self.committed {
-            self.entries[self.offset(apply_from)..=self.offset(self.committed)].to_vec()
+        let apply_to = self.appliable();
+        let committed_entries = if apply_from <= apply_to {
+            self.entries[self.offset(apply_from)..=self.offset(apply_to)].to_vec()
         } else {
             Vec::new()
         };
@@ -274,26 +305,45 @@ impl RaftLog {
         (snapshot, entries, committed_entries, mark)
     }
 
-    pub(crate) fn has_ready(&self) -> bool {
-        self.pending_snapshot
-            || self.persisted < self.last_index()
-            || self.applied.max(self.snapshot.meta.index) < self.committed
+    /// The last committed index that may be applied. Under asynchronous writes, only what is
+    /// durable here too (etcd raft's rule): a follower may learn that an entry is committed
+    /// before its own copy is durable, and applying it then could leave the state machine ahead
+    /// of a log that a crash cut back.
+    fn appliable(&self) -> LogIndex {
+        if self.apply_synced_only {
+            self.committed.min(self.synced)
+        } else {
+            self.committed
+        }
     }
 
-    /// The driver handled a `Ready`: what it handed out is now durable and applied.
-    pub(crate) fn advance(&mut self, mark: LogMark) {
+    pub(crate) fn has_ready(&self) -> bool {
+        self.pending_snapshot
+            || self.written < self.last_index()
+            || self.applied.max(self.snapshot.meta.index) < self.appliable()
+    }
+
+    /// The driver handled a `Ready`: what it handed out is written, and durable if `synced`;
+    /// its committed entries are applied.
+    pub(crate) fn advance(&mut self, mark: LogMark, synced: bool) {
         if let Some(index) = mark.snapshot_index {
             if self.pending_snapshot && self.snapshot.meta.index == index {
                 self.pending_snapshot = false;
             }
             self.applied = self.applied.max(index);
-            self.persisted = self.persisted.max(index);
+            // A snapshot is installed durably whatever else the Ready held.
+            self.written = self.written.max(index);
+            self.synced = self.synced.max(index);
         }
         if let Some((index, term)) = mark.last_entry {
             // The log may have been truncated since the Ready; only a still-matching entry counts.
             if self.match_term(index, term) {
-                self.persisted = self.persisted.max(index);
+                self.written = self.written.max(index);
             }
+        }
+        if synced {
+            // Everything written so far, by this Ready or earlier ones, is durable now.
+            self.synced = self.written;
         }
         if let Some(index) = mark.applied_to {
             self.applied = self.applied.max(index);
@@ -314,7 +364,11 @@ impl RaftLog {
         assert!(self.committed <= self.last_index(), "committed beyond log");
         assert!(self.applied <= self.committed, "applied beyond committed");
         assert_eq!(self.bytes, size_of(&self.entries), "the log's byte count is off");
-        assert!(self.persisted <= self.last_index(), "persisted beyond log");
+        assert!(self.written <= self.last_index(), "written beyond log");
+        assert!(self.synced <= self.written, "synced beyond written");
+        if !self.pending_snapshot && self.apply_synced_only {
+            assert!(self.applied <= self.synced.max(snap), "applied beyond the durable log");
+        }
         if !self.pending_snapshot {
             assert!(snap <= self.applied, "snapshot beyond applied");
         }

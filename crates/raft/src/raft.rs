@@ -133,7 +133,7 @@ impl Raft {
         cfg.validate()?;
         let Persisted { hard_state, snapshot, entries } = persisted;
         let conf = snapshot.meta.conf_state.clone();
-        let log = RaftLog::restore(snapshot, entries, hard_state.commit);
+        let log = RaftLog::restore(snapshot, entries, hard_state.commit, cfg.async_storage_writes);
         let window = Window { max_msgs: cfg.max_inflight_msgs, max_bytes: cfg.max_inflight_bytes };
         let tracker = Tracker::new(conf, log.last_index().next(), window);
         let rng = SplitMix64::new(cfg.seed ^ cfg.id.0.wrapping_mul(0x9E37_79B9_7F4A_7C15));

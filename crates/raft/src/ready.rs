@@ -1,5 +1,6 @@
 //! What the core asks of its driver, and in what order.
 
+use crate::config::PlantedBugSwitch;
 use crate::log::LogMark;
 use crate::message::{Message, MessageBody};
 use crate::raft::Raft;
@@ -56,9 +57,20 @@ pub struct Ready {
     pub read_states: Vec<ReadState>,
     /// The role or leader, when either changed.
     pub soft_state: Option<SoftState>,
+    /// Whether the driver may write this `Ready` and make it durable later
+    /// ([`Raft::advance_written`], then [`Raft::log_synced`]): it changes neither term nor vote
+    /// and installs no snapshot.
+    may_sync_later: bool,
 }
 
 impl Ready {
+    /// Whether the driver may write this `Ready`'s entries, advance it with
+    /// [`Raft::advance_written`] and sync them later. False when it changes term or vote or
+    /// installs a snapshot: the core acts on those at once, so they must be durable first.
+    pub fn may_sync_later(&self) -> bool {
+        self.may_sync_later
+    }
+
     /// Every message of this Ready, for drivers that persist synchronously before sending.
     pub fn all_messages(&self) -> impl Iterator<Item = &Message> {
         self.messages_now.iter().chain(&self.messages_after_persist)
@@ -70,6 +82,8 @@ impl Ready {
 pub(crate) struct ReadyMark {
     log: LogMark,
     hard_state: HardState,
+    /// The `Ready` neither changed term or vote nor installed a snapshot.
+    may_sync_later: bool,
     conf_changes: Vec<(LogIndex, ConfChange)>,
 }
 
@@ -98,6 +112,8 @@ impl Raft {
         let (snapshot, entries, committed_entries, log_mark) = self.log.take_ready();
         let hs = self.hard_state();
         let hard_state = (hs != self.last_hard_state).then_some(hs);
+        let may_sync_later = snapshot.is_none()
+            && (hs.term, hs.vote) == (self.last_hard_state.term, self.last_hard_state.vote);
         self.last_hard_state = hs;
         let soft = (self.role, self.leader);
         let soft_state =
@@ -110,7 +126,8 @@ impl Raft {
                 EntryPayload::Normal(_) => None,
             })
             .collect();
-        self.pending_ready = Some(ReadyMark { log: log_mark, hard_state: hs, conf_changes });
+        self.pending_ready =
+            Some(ReadyMark { log: log_mark, hard_state: hs, may_sync_later, conf_changes });
         Ready {
             messages_now: std::mem::take(&mut self.msgs_now),
             snapshot,
@@ -120,32 +137,76 @@ impl Raft {
             committed_entries,
             read_states: std::mem::take(&mut self.read_states),
             soft_state,
+            may_sync_later,
         }
     }
 
-    /// The driver has handled the last `Ready`: its writes are durable and its committed entries
-    /// applied.
+    /// The driver has handled the last `Ready`: its writes, and every write handed out before
+    /// them, are durable, and its committed entries applied.
     ///
     /// # Panics
     /// If there is no outstanding `Ready`.
     pub fn advance(&mut self) {
+        self.advance_inner(true);
+    }
+
+    /// The driver has handled the last `Ready` but only written its entries, not yet made them
+    /// durable (etcd raft's asynchronous storage writes): it holds `messages_after_persist`
+    /// until a sync covers the write, then reports it with [`Raft::log_synced`]. Until then a
+    /// leader does not count its own copy toward commit, and no node applies those entries.
+    /// Meanwhile the driver may take and write the next `Ready`s, so one fsync covers many.
+    ///
+    /// Only with [`crate::Config::async_storage_writes`], and only for a `Ready` that
+    /// [`Ready::may_sync_later`] allows: a new term or vote, or an
+    /// installed snapshot, must be durable before the core acts on it, so such a `Ready` is
+    /// synced and then [`Raft::advance`]d.
+    ///
+    /// # Panics
+    /// If there is no outstanding `Ready`, or it may not sync later.
+    pub fn advance_written(&mut self) {
+        assert!(self.cfg.async_storage_writes, "advance_written() without async_storage_writes");
+        let mark = self.pending_ready.as_ref().expect("advance_written() without a ready()");
+        assert!(mark.may_sync_later, "a Ready that changes term, vote or snapshot must be synced");
+        self.advance_inner(false);
+    }
+
+    /// The driver made the log durable up to `index`, which held an entry of `term` when written
+    /// (the last entry of a `Ready` advanced with [`Raft::advance_written`], or any entry
+    /// before it). A report for an entry the log has since replaced is ignored.
+    pub fn log_synced(&mut self, index: LogIndex, term: crate::types::Term) {
+        if self.log.synced_to(index, term) {
+            self.count_own_log();
+        }
+        self.check_invariants_debug();
+    }
+
+    fn advance_inner(&mut self, synced: bool) {
         let mark = self.pending_ready.take().expect("advance() without a ready()");
-        self.log.advance(mark.log);
+        self.log.advance(mark.log, synced);
         self.durable_term = self.durable_term.max(mark.hard_state.term);
         for (index, cc) in mark.conf_changes {
             self.apply_committed_conf_change(index, &cc);
         }
-        if self.role == Role::Leader {
-            // The leader's own copy counts once it is durable.
-            let persisted = self.log.persisted();
-            if let Some(pr) = self.tracker.progress_mut(self.id) {
-                pr.maybe_update(persisted);
-            }
-            if self.maybe_commit() {
-                self.needs_bcast = true;
-            }
-        }
+        self.count_own_log();
         self.check_invariants_debug();
+    }
+
+    /// A leader's own copy counts toward commit once it is durable.
+    fn count_own_log(&mut self) {
+        if self.role != Role::Leader {
+            return;
+        }
+        let synced = if self.cfg.has_bug(PlantedBugSwitch::CountUnsyncedOwnCopy) {
+            self.log.last_index()
+        } else {
+            self.log.synced()
+        };
+        if let Some(pr) = self.tracker.progress_mut(self.id) {
+            pr.maybe_update(synced);
+        }
+        if self.maybe_commit() {
+            self.needs_bcast = true;
+        }
     }
 
     fn apply_committed_conf_change(&mut self, index: LogIndex, cc: &ConfChange) {

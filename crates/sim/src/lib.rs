@@ -72,6 +72,11 @@ pub struct Options {
     /// Entries a leader keeps at most for followers catching up: 0 (none) or a few
     /// compactions' worth, by seed, so that both the hold and its bound are worked.
     pub snapshot_catchup_max: u64,
+    /// Members write their log asynchronously (`async_storage_writes`): syncs complete at
+    /// moments the simulator picks, and a crash before one loses what it would have covered.
+    pub async_writes: bool,
+    /// Chance per time unit that a member's pending log sync completes.
+    pub sync_rate: f64,
     /// Print every delivery and state change (for replaying one seed).
     pub trace: bool,
 }
@@ -100,6 +105,9 @@ impl Options {
             snapshot_entries: 20 + seed % 41,
             snapshot_catchup_entries: if (seed / 2).is_multiple_of(2) { 0 } else { 1 + seed % 13 },
             snapshot_catchup_max: if (seed / 4).is_multiple_of(2) { 0 } else { 20 + seed % 61 },
+            // As servers run, on three seeds in four.
+            async_writes: seed % 4 != 3,
+            sync_rate: 0.05,
             trace: false,
         }
     }

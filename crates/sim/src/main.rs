@@ -10,7 +10,8 @@
 //! cairn-sim --seeds 1..200 --voters 5  force the cluster size
 //! cairn-sim --seeds 1..200 --lease     force lease reads (--safe for ReadIndex)
 //! cairn-sim --bug commit-previous-term plant a bug to see the checkers catch it: in the core
-//!                                      (also vote-ignores-log, read-skips-quorum) or in the
+//!                                      (also vote-ignores-log, read-skips-quorum,
+//!                                      count-unsynced-own-copy) or in the
 //!                                      replica (ack-before-fsync, read-without-index,
 //!                                      empty-snapshot, lease-expires-early,
 //!                                      lease-never-expires)
@@ -21,7 +22,9 @@
 //! (entries between log compactions), --snapshot-catchup-entries N (entries kept behind every
 //! compaction), --snapshot-catchup-max N (entries a leader keeps at most for followers catching
 //! up; 0: none), --no-membership, --no-publish (members do not publish their attributes),
-//! --threads N.
+//! --async-writes or --sync-writes (force how members sync their logs; by default three seeds in
+//! four write asynchronously), --sync-rate P (chance per time unit that a pending log sync
+//! completes; default 0.05), --threads N.
 //! ```
 
 use std::process::ExitCode;
@@ -46,6 +49,8 @@ struct Args {
     threads: usize,
     trace: bool,
     chaos: Option<f64>,
+    async_writes: Option<bool>,
+    sync_rate: Option<f64>,
     max_msg_bytes: Option<u64>,
     extra: Vec<String>,
 }
@@ -56,6 +61,7 @@ fn parse_bug(name: &str) -> Result<(Option<PlantedBug>, Option<ReplicaBug>), Str
         "commit-previous-term" => (Some(PlantedBug::CommitPreviousTerm), None),
         "vote-ignores-log" => (Some(PlantedBug::VoteIgnoresLog), None),
         "read-skips-quorum" => (Some(PlantedBug::ReadSkipsQuorum), None),
+        "count-unsynced-own-copy" => (Some(PlantedBug::CountUnsyncedOwnCopy), None),
         "ack-before-fsync" => (None, Some(ReplicaBug::AckBeforeFsync)),
         "read-without-index" => (None, Some(ReplicaBug::ReadWithoutIndex)),
         "empty-snapshot" => (None, Some(ReplicaBug::EmptySnapshot)),
@@ -75,6 +81,20 @@ fn print_help() {
         .collect();
     println!("{}", usage.join("\n"));
 }
+
+/// Flags that take no value.
+const SWITCHES: &[&str] = &[
+    "--lease",
+    "--safe",
+    "--no-membership",
+    "--no-publish",
+    "--trace",
+    "--stack",
+    "--async-writes",
+    "--sync-writes",
+    "-h",
+    "--help",
+];
 
 fn num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
     v.parse().map_err(|_| format!("bad value {v:?} for {flag}"))
@@ -102,23 +122,14 @@ fn parse() -> Result<Args, String> {
         threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
         trace: false,
         chaos: None,
+        async_writes: None,
+        sync_rate: None,
         max_msg_bytes: None,
         extra: Vec::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
-        let switch = matches!(
-            flag.as_str(),
-            "--lease"
-                | "--safe"
-                | "--no-membership"
-                | "--no-publish"
-                | "--trace"
-                | "--stack"
-                | "-h"
-                | "--help"
-        );
-        let v = if switch {
+        let v = if SWITCHES.contains(&flag.as_str()) {
             String::new()
         } else {
             it.next().ok_or(format!("{flag} needs a value"))?
@@ -138,6 +149,9 @@ fn parse() -> Result<Args, String> {
             "--fault-ticks" => a.fault_ticks = Some(num(&flag, &v)?),
             "--trace" => a.trace = true,
             "--chaos" => a.chaos = Some(num(&flag, &v)?),
+            "--sync-rate" => a.sync_rate = Some(num(&flag, &v)?),
+            "--async-writes" => a.async_writes = Some(true),
+            "--sync-writes" => a.async_writes = Some(false),
             "--max-msg-bytes" => a.max_msg_bytes = Some(num(&flag, &v)?),
             "--threads" => a.threads = num(&flag, &v)?,
             "--bug" => (a.bug, a.replica_bug) = parse_bug(&v)?,
@@ -181,6 +195,8 @@ fn main() -> ExitCode {
         o.snapshot_catchup_max = args.snapshot_catchup_max.unwrap_or(o.snapshot_catchup_max);
         o.trace = args.trace;
         o.chaos = args.chaos.unwrap_or(o.chaos);
+        o.async_writes = args.async_writes.unwrap_or(o.async_writes);
+        o.sync_rate = args.sync_rate.unwrap_or(o.sync_rate);
         o.max_msg_bytes = args.max_msg_bytes.unwrap_or(o.max_msg_bytes);
         o
     });

@@ -51,6 +51,8 @@ pub struct SimMember {
     pub seen_executed: u64,
     /// What `--trace` last printed for this member.
     pub last_traced: Option<String>,
+    /// A log sync asked for and not yet done: the write it covers, and a handle to the file.
+    pub log_sync: Option<(u64, cairn_storage::SyncHandle<cairn_storage::faulty::FaultyFile>)>,
 }
 
 impl SimMember {
@@ -77,6 +79,7 @@ impl SimMember {
             seen_commit: LogIndex::ZERO,
             seen_executed: 0,
             last_traced: None,
+            log_sync: None,
         }
     }
 
@@ -120,6 +123,7 @@ impl SimMember {
         self.replica = None;
         self.committer = None;
         self.ids = None;
+        self.log_sync = None;
         self.disk.crash(rng.next_u64());
         self.backend.crash(rng);
         self.restart_at = Some(restart_at);

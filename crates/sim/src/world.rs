@@ -47,6 +47,7 @@ fn replica_config(opts: &Options, id: NodeId) -> ReplicaConfig {
     raft.max_msg_bytes = opts.max_msg_bytes;
     raft.max_inflight_msgs = 4;
     raft.planted_bug = opts.bug;
+    raft.async_storage_writes = opts.async_writes;
     let mut cfg = ReplicaConfig::new(raft);
     cfg.request_timeout_ticks = 40;
     cfg.snapshot_entries = opts.snapshot_entries;
@@ -145,6 +146,7 @@ impl World {
         self.restart_due()?;
         self.tick_due();
         self.deliver_due();
+        self.syncs_due();
         if faults {
             self.workload();
             self.inject_faults();
@@ -209,6 +211,28 @@ impl World {
         }
     }
 
+    /// Completes log syncs now and then, as a driver's sync thread does: through the handle
+    /// taken when the sync was asked for, then reported. By default one in twenty units: a
+    /// sync lasts about a tick, as long as a message may be delayed, so crashes and elections
+    /// land inside the window between a write and its sync.
+    fn syncs_due(&mut self) {
+        for id in self.ids() {
+            if !self.rng.chance(self.opts.sync_rate) {
+                continue;
+            }
+            let m = self.members.get_mut(&id).expect("member");
+            let (Some((write, mut file)), Some(replica)) = (m.log_sync.take(), m.replica.as_mut())
+            else {
+                continue;
+            };
+            match file.sync() {
+                Ok(()) => replica.handle_log_synced(write),
+                // A failed sync stops the member, as the driver does (fail-stop).
+                Err(_) => self.crash(id),
+            }
+        }
+    }
+
     /// Lets one member process its inputs, then carries out its work: messages onto the
     /// network, batches to its committer, answers to clients, observations to the checkers.
     fn process(&mut self, id: NodeId, faults: bool) -> Result<(), Violation> {
@@ -221,6 +245,9 @@ impl World {
             m.disk.fail_after(self.rng.between(0, 4));
             self.stats.disk_faults += 1;
         }
+        // Under asynchronous writes a driver may sync some turns inline (`LogSync::Auto`
+        // switches by the disk's speed): one turn in ten here.
+        replica.set_sync_later(!self.rng.chance(0.1));
         let result = replica.process();
         let work = replica.work();
         let messages: Vec<_> = work.messages.drain(..).collect();
@@ -228,7 +255,21 @@ impl World {
         let observed: Vec<_> = work.observed.drain(..).collect();
         let commits: Vec<_> = work.commits.drain(..).collect();
         let sync = work.store_sync.take();
+        let log_sync = work.log_sync.take();
         work.leadership = None;
+        let mut result = result;
+        if let (Some(write), Ok(())) = (log_sync, &result) {
+            // Synced on the spot (as a driver with nothing else to do), or later through a
+            // handle (`syncs_due`).
+            if self.rng.chance(0.3) {
+                result = replica.sync_log();
+            } else {
+                match replica.log_sync_handle() {
+                    Ok(file) => m.log_sync = Some((write, file)),
+                    Err(e) => result = Err(e),
+                }
+            }
+        }
         if let Some(c) = m.committer.as_mut() {
             commits.into_iter().for_each(|b| c.push(b));
             if sync.is_some() {

@@ -23,4 +23,4 @@ mod replay;
 pub mod wal;
 
 pub use repair::{repair, Cut, Promise, Repaired};
-pub use wal::{Recovered, Wal, WalError, WalOptions};
+pub use wal::{Recovered, SyncHandle, Wal, WalError, WalOptions};

@@ -68,6 +68,27 @@ pub struct Wal<D: Dir> {
     poisoned: bool,
 }
 
+/// A second handle to the log's active segment, to sync it on another thread while the log goes
+/// on writing ([`Wal::sync_handle`]).
+#[derive(Debug)]
+pub struct SyncHandle<F> {
+    segment: u64,
+    name: String,
+    file: F,
+}
+
+impl<F: File> SyncHandle<F> {
+    /// The sequence number of the segment this handle syncs ([`Wal::active_segment`]).
+    pub fn segment(&self) -> u64 {
+        self.segment
+    }
+
+    /// Makes every write to the segment so far durable (fdatasync).
+    pub fn sync(&mut self) -> Result<(), WalError> {
+        self.file.sync_data().map_err(io_err("sync", &self.name))
+    }
+}
+
 fn segment_name(seq: u64, first: LogIndex) -> String {
     format!("{seq:016x}-{:016x}.wal", first.0)
 }
@@ -198,6 +219,22 @@ impl<D: Dir> Wal<D> {
         let name = self.segments.last().map(|s| s.name.clone()).unwrap_or_default();
         let result = self.active.sync_data().map_err(io_err("sync", &name));
         self.poison_on(result)
+    }
+
+    /// A handle to the active segment for syncing it elsewhere (another thread), with the
+    /// segment's sequence number so the caller can keep one handle per segment. A sync through it
+    /// makes durable every write made before it: earlier segments were synced when the log moved
+    /// past them ([`Wal::sync`]'s rotation rule), so the active one is all that can be behind.
+    pub fn sync_handle(&self) -> Result<SyncHandle<D::File>, WalError> {
+        self.check()?;
+        let seg = self.segments.last().expect("an active segment");
+        let file = self.active.try_clone().map_err(io_err("dup", &seg.name))?;
+        Ok(SyncHandle { segment: seg.seq, name: seg.name.clone(), file })
+    }
+
+    /// The active segment's sequence number: it changes when the log moves to a new segment.
+    pub fn active_segment(&self) -> u64 {
+        self.segments.last().map_or(0, |s| s.seq)
     }
 
     /// Removes whole segments whose entries are all at or below `index` (never the active one).

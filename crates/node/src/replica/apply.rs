@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use cairn_kv::backend::Backend;
 use cairn_kv::{Command, CommandResponse, KvError, Outcome};
-use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, Role, SoftState, Term};
+use cairn_raft::{Entry, EntryPayload, LogIndex, Message, ReadState, Ready, Role, SoftState};
 use cairn_storage::fs::Dir;
 
 use super::{decode_entry, Leadership, Observed, Proposal, ReadFor, Replica, Reply};
@@ -31,6 +31,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         rd: Ready,
         early: &mut dyn FnMut(&mut Vec<Message>),
     ) -> Result<(), StorageError> {
+        // Asynchronous writes: entries are written now and synced by the driver later, while
+        // this member goes on. A new term or vote, or a snapshot, is made durable here first.
+        let sync_later =
+            self.syncs.sync_later && self.cfg.raft.async_storage_writes && rd.may_sync_later();
         let Ready {
             messages_now,
             snapshot,
@@ -40,6 +44,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             committed_entries,
             read_states,
             soft_state,
+            ..
         } = rd;
         // 1. A leader's replication traffic may leave before its own write is durable.
         self.send(messages_now)?;
@@ -47,15 +52,24 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             early(&mut self.work.messages);
         }
         // 2. Persist: an installed snapshot (the store, then the log's marker), then entries and
-        //    hard state, with one fsync.
+        //    hard state, with one fsync (now, or later by the driver).
         if let Some(snap) = &snapshot {
             self.install_snapshot(&snap.meta)?;
         }
-        self.persist(entries, hard_state)?;
-        // 3. What promises durable state (votes, acknowledgements) leaves only now, before the
-        //    apply: a leader's round waits for these, not for this member's apply.
-        let acknowledges = !messages_after_persist.is_empty();
-        self.send(messages_after_persist)?;
+        // 3. What promises durable state (votes, acknowledgements) leaves only once it is
+        //    durable, and before the apply: a leader's round waits for these, not for this
+        //    member's apply. Deferred, it waits for the sync that covers this write.
+        let acknowledges = if sync_later {
+            self.write(entries, hard_state)?;
+            self.hold_until_synced(messages_after_persist)?
+        } else {
+            let synced = self.persist(entries, hard_state)? || snapshot.is_some();
+            // A sync covers every write before it too: what waited on them may leave, first.
+            self.all_synced(synced)?;
+            let acknowledges = !messages_after_persist.is_empty();
+            self.send(messages_after_persist)?;
+            acknowledges
+        };
         if acknowledges {
             early(&mut self.work.messages);
         }
@@ -67,15 +81,20 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if let Some(ss) = soft_state {
             self.on_soft_state(ss);
         }
-        self.raft.advance();
+        if sync_later {
+            self.raft.advance_written();
+        } else {
+            self.raft.advance();
+        }
         Ok(())
     }
 
+    /// Writes and syncs; returns whether it synced.
     fn persist(
         &mut self,
         entries: Vec<Entry>,
         hard_state: Option<cairn_raft::HardState>,
-    ) -> Result<(), StorageError> {
+    ) -> Result<bool, StorageError> {
         // As etcd's MustSync: entries, term and vote must be durable before anything that
         // depends on them; a commit index alone need not be (after a crash it is learned
         // again). So a hard state that moves only the commit index is not even written now: it
@@ -88,24 +107,17 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             if hard_state.is_some() {
                 self.lazy_hard_state = hard_state;
             }
-            return Ok(());
+            return Ok(false);
         }
-        let hard_state = hard_state.or(self.lazy_hard_state.take());
-        self.lazy_hard_state = None;
-        self.wal.append(&entries, hard_state.as_ref())?;
-        if must_sync && !self.cfg.has_bug(Bug::AckBeforeFsync) {
-            self.wal.sync()?;
-            if let Some(tv) = term_vote {
-                self.synced_term_vote = tv;
-            }
+        self.append(entries, hard_state)?;
+        if self.cfg.has_bug(Bug::AckBeforeFsync) {
+            return Ok(false);
         }
-        if self.cfg.observe && !entries.is_empty() {
-            let first = entries[0].index;
-            let prev_term =
-                if first.0 > 1 { self.raft.term_at(first.prev()) } else { Some(Term(0)) };
-            self.work.observed.push(Observed::Persisted { prev_term, entries });
+        self.wal.sync()?;
+        if let Some(tv) = term_vote {
+            self.synced_term_vote = tv;
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Executes committed entries in the store (visible to reads at once; the committer makes

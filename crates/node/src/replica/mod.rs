@@ -14,6 +14,7 @@
 mod apply;
 mod compact;
 mod lease;
+mod log_sync;
 mod members;
 mod moves;
 mod publish;
@@ -85,6 +86,11 @@ pub struct Work<T> {
     /// [`cairn_kv::Store::sync`]) and report the durable index with
     /// [`Replica::handle_store_durable`]. The log is compacted up to it then.
     pub store_sync: Option<LogIndex>,
+    /// The log holds writes up to this number that are not yet durable
+    /// ([`cairn_raft::Config::async_storage_writes`]): sync the log, here with
+    /// [`Replica::sync_log`] or on another thread through [`Replica::log_sync_handle`], and
+    /// report it with [`Replica::handle_log_synced`]. Acknowledgements wait for that report.
+    pub log_sync: Option<u64>,
     /// Callers to answer.
     pub answers: Vec<(T, Result<Reply, EngineError>)>,
     /// The leader or term changed.
@@ -102,6 +108,7 @@ impl<T> Default for Work<T> {
             messages: Vec::new(),
             commits: Vec::new(),
             store_sync: None,
+            log_sync: None,
             answers: Vec::new(),
             leadership: None,
             observed: Vec::new(),
@@ -195,6 +202,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     lazy_hard_state: Option<cairn_raft::HardState>,
     /// A store sync was asked for and not yet reported.
     store_sync_pending: bool,
+    /// Writes left for the driver to sync, and what waits for them (`log_sync.rs`).
+    syncs: log_sync::Syncs,
     /// The store is durable up to here (reported by the committer).
     store_durable: LogIndex,
     leadership: Leadership,
@@ -264,13 +273,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 wal.sync().map_err(wal_err)?;
                 p
             }
-            (_, _) => {
-                let snapshot = rec
-                    .snapshot
-                    .map(|meta| cairn_raft::Snapshot { meta, data: Bytes::new() })
-                    .unwrap_or_default();
-                Persisted { hard_state: rec.hard_state, snapshot, entries: rec.entries }
-            }
+            (_, _) => recovered(rec),
         };
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
@@ -303,6 +306,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             synced_term_vote: (hs.term, hs.vote),
             lazy_hard_state: None,
             store_sync_pending: false,
+            syncs: log_sync::Syncs::default(),
             leadership: Leadership { leader: None, term: hs.term },
             incoming_image: None,
             outgoing_image: None,
@@ -454,6 +458,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     ) -> Result<(), StorageError> {
         if let Some((last, commit)) = self.raft.lost_log() {
             return Err(StorageError::LogLost { last, commit });
+        }
+        // What waited for a sync that has since reported leaves first, before anything newer.
+        self.release_held()?;
+        if !self.work.messages.is_empty() {
+            early(&mut self.work.messages);
         }
         self.propose_incoming();
         self.issue_lease_round();
@@ -631,6 +640,15 @@ fn founding(conf: ConfState, peers: &[(u64, Vec<String>)]) -> Persisted {
         }
     }
     p
+}
+
+/// What the core restarts from: the log as replayed.
+fn recovered(rec: Recovered) -> Persisted {
+    let snapshot = rec
+        .snapshot
+        .map(|meta| cairn_raft::Snapshot { meta, data: Bytes::new() })
+        .unwrap_or_default();
+    Persisted { hard_state: rec.hard_state, snapshot, entries: rec.entries }
 }
 
 fn is_fresh(rec: &Recovered) -> bool {

@@ -1,0 +1,187 @@
+//! The log's sync thread: fdatasyncs the write-ahead log while the driver goes on (asynchronous
+//! storage writes, as etcd raft's `AsyncStorageWrites`).
+//!
+//! The driver writes a `Ready`'s entries and hands the sync here; it meanwhile takes the next
+//! inputs, sends, applies what is durable and writes the next entries. A sync covers every write
+//! made before it starts, so the thread takes every request queued and syncs once for the newest
+//! (a request for an older segment is covered already: the log syncs a segment before it moves
+//! past it). It reports the newest write number covered; the driver then lets the core count
+//! those entries and sends the acknowledgements that waited for them.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::time::{Duration, Instant};
+
+use cairn_storage::SyncHandle;
+
+use crate::config::LogSync;
+use crate::driver::{Input, InputTx};
+use crate::error::StorageError;
+use crate::metrics::{DiskHistogram, TimedFile};
+
+/// One request: make writes up to `write` durable, through `file` if it brings a new segment's
+/// handle (else the last one given).
+struct Request {
+    write: u64,
+    file: Option<SyncHandle<TimedFile>>,
+}
+
+/// [`AutoPolicy`] moves syncs to the thread once the log's fsyncs average this long...
+const SLOW_FSYNC_MICROS: u64 = 500;
+/// ...and back once they average under this (apart, so a disk near the line does not flip).
+const FAST_FSYNC_MICROS: u64 = 300;
+/// The average is taken over a second at least (shorter windows of this disk's fsyncs under
+/// load range from 200 to 500 µs), and 16 fsyncs.
+const SAMPLE_WINDOW: Duration = Duration::from_secs(1);
+const SAMPLE_FSYNCS: u64 = 16;
+
+/// The driver's side of the sync thread. Dropping it stops the thread.
+#[derive(Debug)]
+pub(crate) struct LogSyncer {
+    tx: Sender<Request>,
+    /// The segment of the handle last given; a request for another brings a new handle.
+    segment: Option<u64>,
+    /// Under [`LogSync::Auto`], what decides where syncs run; `None`: always on the thread.
+    auto: Option<AutoPolicy>,
+}
+
+/// Where [`LogSync::Auto`] syncs: on the driver's thread while the log's fsyncs are fast, on
+/// the sync thread once they are slow. A short fsync stalls the driver less than the two
+/// hand-offs to the thread and back cost it (on a machine short of cores, each is a context
+/// switch); a long one stalls every client behind it. Measured on a 2-core machine with 3
+/// members (bench/results/2026-11-29-log-sync.md): with this disk's fsyncs (100-400 µs),
+/// inline is 3-5% faster; with 400 µs added to each, the thread is 31% faster; with 2 ms, 36%.
+#[derive(Debug)]
+pub(crate) struct AutoPolicy {
+    on_thread: bool,
+    /// The fsync histogram's (count, sum in ns) when the average was last taken, and when.
+    sampled: (u64, u64, Instant),
+}
+
+impl AutoPolicy {
+    pub(crate) fn new(now: Instant) -> AutoPolicy {
+        AutoPolicy { on_thread: false, sampled: (0, 0, now) }
+    }
+
+    /// Given the fsync histogram's totals (count, sum in ns) at `now`: whether to sync on the
+    /// thread.
+    pub(crate) fn decide(&mut self, (count, sum): (u64, u64), now: Instant) -> bool {
+        let (c0, s0, at) = self.sampled;
+        if count < c0 + SAMPLE_FSYNCS || now.saturating_duration_since(at) < SAMPLE_WINDOW {
+            return self.on_thread;
+        }
+        let mean_micros = sum.saturating_sub(s0) / (count - c0) / 1000;
+        self.sampled = (count, sum, now);
+        let was = self.on_thread;
+        if mean_micros >= SLOW_FSYNC_MICROS {
+            self.on_thread = true;
+        } else if mean_micros < FAST_FSYNC_MICROS {
+            self.on_thread = false;
+        }
+        if self.on_thread != was {
+            let place = if self.on_thread { "its own thread" } else { "the Raft thread" };
+            tracing::info!(
+                mean_micros,
+                "the log's fsyncs average {mean_micros} µs: syncing on {place}"
+            );
+        }
+        self.on_thread
+    }
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Request({})", self.write)
+    }
+}
+
+impl LogSyncer {
+    /// Starts the thread for `mode` (not [`LogSync::Inline`]); it reports through `reports`.
+    pub(crate) fn spawn(name: &str, mode: LogSync, reports: InputTx) -> std::io::Result<LogSyncer> {
+        debug_assert!(mode != LogSync::Inline, "an inline log needs no sync thread");
+        let (tx, rx) = mpsc::channel();
+        std::thread::Builder::new()
+            .name(format!("cairn-sync-{name}"))
+            .spawn(move || run(&rx, &reports))?;
+        let auto = (mode == LogSync::Auto).then(|| AutoPolicy::new(Instant::now()));
+        Ok(LogSyncer { tx, segment: None, auto })
+    }
+
+    /// Whether this turn's writes are synced on the thread (else on the driver's, as they
+    /// are written). [`LogSync::Auto`] decides by the log's recent fsyncs (`fsyncs`, timed on
+    /// both threads): see [`AutoPolicy`].
+    pub(crate) fn on_thread(&mut self, fsyncs: &DiskHistogram) -> bool {
+        match &mut self.auto {
+            None => true,
+            Some(policy) => policy.decide(fsyncs.totals(), Instant::now()),
+        }
+    }
+
+    /// Whether a request for `segment` needs a new handle.
+    pub(crate) fn needs_handle(&self, segment: u64) -> bool {
+        self.segment != Some(segment)
+    }
+
+    /// Asks for writes up to `write` to be made durable; `file` when [`LogSyncer::needs_handle`].
+    pub(crate) fn sync(
+        &mut self,
+        write: u64,
+        file: Option<SyncHandle<TimedFile>>,
+    ) -> Result<(), StorageError> {
+        if let Some(f) = &file {
+            self.segment = Some(f.segment());
+        }
+        // The thread exits only after a failed sync, which it reported first.
+        self.tx.send(Request { write, file }).map_err(|_| StorageError::SyncerGone)
+    }
+}
+
+fn run(rx: &Receiver<Request>, reports: &InputTx) {
+    let mut file: Option<SyncHandle<TimedFile>> = None;
+    while let Ok(first) = rx.recv() {
+        let mut write = first.write;
+        file = first.file.or(file);
+        // Everything queued meanwhile rides with this one sync.
+        for next in rx.try_iter() {
+            write = next.write;
+            file = next.file.or(file);
+        }
+        let Some(f) = file.as_mut() else { continue };
+        let report = match f.sync() {
+            Ok(()) => Input::LogSynced(write),
+            Err(e) => Input::LogSyncFailed(StorageError::from(e)),
+        };
+        let failed = matches!(report, Input::LogSyncFailed(_));
+        if reports.send(report).is_err() || failed {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Totals after `n` more fsyncs of `micros` each.
+    fn more(totals: (u64, u64), n: u64, micros: u64) -> (u64, u64) {
+        (totals.0 + n, totals.1 + n * micros * 1000)
+    }
+
+    #[test]
+    fn auto_moves_to_the_thread_on_slow_fsyncs_and_back_with_a_margin() {
+        let t0 = Instant::now();
+        let sec = |n: u64| t0 + Duration::from_secs(n);
+        let mut p = AutoPolicy::new(t0);
+        let mut totals = (0, 0);
+        totals = more(totals, 100, 150);
+        assert!(!p.decide(totals, sec(1)), "fast fsyncs stay inline");
+        totals = more(totals, 100, 900);
+        assert!(!p.decide(totals, sec(1) + Duration::from_millis(500)), "within a second");
+        assert!(p.decide(totals, sec(2)), "slow fsyncs move to the thread");
+        totals = more(totals, 100, 400);
+        assert!(p.decide(totals, sec(3)), "between the two bounds, it stays");
+        totals = more(totals, 10, 100);
+        assert!(p.decide(totals, sec(4)), "too few fsyncs to judge");
+        totals = more(totals, 10, 100);
+        assert!(!p.decide(totals, sec(5)), "fast again: back inline");
+    }
+}
