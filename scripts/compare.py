@@ -319,6 +319,9 @@ def summarize(results, row, system):
     if cpu:
         out["cpu_us"] = median(cpu)
         out["server_cpu_us"] = median([x["server_cpu_us"] for x in runs if "server_cpu_us" in x])
+    busy = [x["machine_busy"] for x in runs if "machine_busy" in x]
+    if busy:
+        out["busy"] = median(busy)
     return out
 
 
@@ -648,20 +651,35 @@ class Cluster:
         shutil.rmtree(self.base, ignore_errors=True)
 
 
+def machine_ticks():
+    """The machine's CPU time so far from /proc/stat: (busy, total), in clock ticks. Idle and
+    iowait are not busy: a core waiting on the disk is free to run anything else."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    total = sum(fields[:8])
+    return total - fields[3] - fields[4], total
+
+
 def measured_cpu(cl, run):
     """Runs one row and adds what it cost in CPU: the members' (all of them) and the bench
-    clients', in µs per successful request."""
+    clients', in µs per successful request, and how busy the whole machine was (which also
+    counts what no process is charged for: the kernel's network processing in softirq and its
+    threads, such as the journal's)."""
     import resource
     before = sum(cpu_seconds(p.pid) for p in cl.procs)
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     client_before = ru.ru_utime + ru.ru_stime
+    busy_before, total_before = machine_ticks()
     res = run()
+    busy_after, total_after = machine_ticks()
     server = sum(cpu_seconds(p.pid) for p in cl.procs) - before
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     client = ru.ru_utime + ru.ru_stime - client_before
     ops = res.get("ok", 0)
     if ops:
         res["server_cpu_us"], res["client_cpu_us"] = server * 1e6 / ops, client * 1e6 / ops
+    if total_after > total_before:
+        res["machine_busy"] = (busy_after - busy_before) / (total_after - total_before)
     return res
 
 
@@ -757,14 +775,18 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
     cores = os.cpu_count()
     lines += ["", f"CPU µs/req is what the {n} members and the bench clients together spent per successful "
               f"request (server part in brackets); the CPU floor is {cores} cores divided by it, the most a row "
-              f"can do on this machine at that cost.", "",
+              f"can do on this machine at that cost. Machine busy is the share of the {cores} cores busy "
+              f"during cairn's run, counting what no process is charged for (the kernel's network "
+              f"processing in softirq, its journal thread); a row near 100% is bound by the cores whatever "
+              f"the CPU floor says.", "",
               "| workload | etcd ops/s | cairn ops/s | cairn/etcd | etcd p99 µs | cairn p99 µs "
-              "| etcd CPU µs/req | cairn CPU µs/req | cairn CPU floor ops/s |",
-              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+              "| etcd CPU µs/req | cairn CPU µs/req | cairn CPU floor ops/s | cairn machine busy |",
+              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     ratios = []
     cell = lambda s, k, fmt="{:.0f}": fmt.format(s[k]) if s and k in s else "n/a" if s else "failed"
     cpu = lambda s: f"{s['cpu_us']:.0f} ({s['server_cpu_us']:.0f})" if s and "cpu_us" in s else "n/a"
     floor = lambda s: f"{cores * 1e6 / s['cpu_us']:.0f}" if s and s.get("cpu_us") else "n/a"
+    busy = lambda s: f"{100 * s['busy']:.0f}%" if s and "busy" in s else "n/a"
     for row, _, _ in CLUSTER_MATRIX + LEASE_ROWS:
         lease = row.startswith("C-R-lease")
         e = summarize(results, row.replace("C-R-lease", "C-R-l"), "etcd")
@@ -774,7 +796,7 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
             ratios.append((row, c["ops"] / e["ops"]))
         shown = row + (" (cairn `--read-mode lease`; etcd: its ReadIndex row)" if lease else "")
         lines.append(f"| {shown} | {cell(e, 'ops')} | {cell(c, 'ops')} | {ratio} | {cell(e, 'p99')} "
-                     f"| {cell(c, 'p99')} | {cpu(e)} | {cpu(c)} | {floor(c)} |")
+                     f"| {cell(c, 'p99')} | {cpu(e)} | {cpu(c)} | {floor(c)} | {busy(c)} |")
     failures = [(row, s, x["error"]) for (row, s), xs in results.items() for x in xs if "error" in x]
     failures += [(row, s, f"{x['errors']} failed requests") for (row, s), xs in results.items() for x in xs if x.get("errors")]
     if failures:

@@ -48,8 +48,9 @@ pub(crate) struct LogSyncer {
 /// the sync thread once they are slow. A short fsync stalls the driver less than the two
 /// hand-offs to the thread and back cost it (on a machine short of cores, each is a context
 /// switch); a long one stalls every client behind it. Measured on a 2-core machine with 3
-/// members (bench/results/2026-11-29-log-sync.md): with this disk's fsyncs (100-400 µs),
-/// inline is 3-5% faster; with 400 µs added to each, the thread is 31% faster; with 2 ms, 36%.
+/// members (bench/results/2026-11-29-log-sync.md): with this disk's fsyncs (100-400 µs) the
+/// thread costs one client's puts 17% and gains 100 clients nothing; with 2 ms added to each,
+/// it carries 54% more puts from 100 clients.
 #[derive(Debug)]
 pub(crate) struct AutoPolicy {
     on_thread: bool,
