@@ -374,6 +374,8 @@ impl Driver {
 
     fn turn(&mut self) -> Result<(), StorageError> {
         if let Some(syncer) = &mut self.syncer {
+            // A failed sync stops the engine before anything else is written or synced.
+            syncer.check()?;
             let later = syncer.on_thread(&self.shared.metrics.wal_fsync);
             self.replica.set_sync_later(later);
         }

@@ -1,7 +1,8 @@
 //! The log's sync thread: fdatasyncs the write-ahead log while the driver goes on (asynchronous
 //! storage writes, as etcd raft's `AsyncStorageWrites`).
 //!
-//! The driver writes a `Ready`'s entries and hands the sync here; it meanwhile takes the next
+//! The driver writes a `Ready`'s entries and hands the sync here (through the active segment
+//! opened a second time: see `Wal::sync_handle`); it meanwhile takes the next
 //! inputs, sends, applies what is durable and writes the next entries. A sync covers every write
 //! made before it starts, so the thread takes every request queued and syncs once for the newest
 //! (a request for an older segment is covered already: the log syncs a segment before it moves
@@ -9,8 +10,10 @@
 //! those entries and sends the acknowledgements that waited for them.
 
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use cairn_storage::fs::File;
 use cairn_storage::SyncHandle;
 
 use crate::config::LogSync;
@@ -20,9 +23,9 @@ use crate::metrics::{DiskHistogram, TimedFile};
 
 /// One request: make writes up to `write` durable, through `file` if it brings a new segment's
 /// handle (else the last one given).
-struct Request {
+struct Request<F> {
     write: u64,
-    file: Option<SyncHandle<TimedFile>>,
+    file: Option<SyncHandle<F>>,
 }
 
 /// [`AutoPolicy`] moves syncs to the thread once the log's fsyncs average this long...
@@ -37,11 +40,15 @@ const SAMPLE_FSYNCS: u64 = 16;
 /// The driver's side of the sync thread. Dropping it stops the thread.
 #[derive(Debug)]
 pub(crate) struct LogSyncer {
-    tx: Sender<Request>,
+    tx: Sender<Request<TimedFile>>,
     /// The segment of the handle last given; a request for another brings a new handle.
     segment: Option<u64>,
     /// Under [`LogSync::Auto`], what decides where syncs run; `None`: always on the thread.
     auto: Option<AutoPolicy>,
+    /// A failed sync, set by the thread before it reports it: the driver checks it before
+    /// every turn, so no later sync (inline, or a rotation's) can count writes durable that
+    /// the failed one left unsynced, and the failure's cause is what the engine reports.
+    failure: Arc<Mutex<Option<StorageError>>>,
 }
 
 /// Where [`LogSync::Auto`] syncs: on the driver's thread while the log's fsyncs are fast, on
@@ -89,7 +96,7 @@ impl AutoPolicy {
     }
 }
 
-impl std::fmt::Debug for Request {
+impl<F> std::fmt::Debug for Request<F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Request({})", self.write)
     }
@@ -100,11 +107,13 @@ impl LogSyncer {
     pub(crate) fn spawn(name: &str, mode: LogSync, reports: InputTx) -> std::io::Result<LogSyncer> {
         debug_assert!(mode != LogSync::Inline, "an inline log needs no sync thread");
         let (tx, rx) = mpsc::channel();
+        let failure = Arc::new(Mutex::new(None));
+        let failed = failure.clone();
         std::thread::Builder::new()
             .name(format!("cairn-sync-{name}"))
-            .spawn(move || run(&rx, &reports))?;
+            .spawn(move || run(&rx, &reports, &failed))?;
         let auto = (mode == LogSync::Auto).then(|| AutoPolicy::new(Instant::now()));
-        Ok(LogSyncer { tx, segment: None, auto })
+        Ok(LogSyncer { tx, segment: None, auto, failure })
     }
 
     /// Whether this turn's writes are synced on the thread (else on the driver's, as they
@@ -114,6 +123,14 @@ impl LogSyncer {
         match &mut self.auto {
             None => true,
             Some(policy) => policy.decide(fsyncs.totals(), Instant::now()),
+        }
+    }
+
+    /// The sync thread's failure, if it had one: the engine must stop.
+    pub(crate) fn check(&self) -> Result<(), StorageError> {
+        match self.failure.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+            Some(e) => Err(e),
+            None => Ok(()),
         }
     }
 
@@ -131,13 +148,20 @@ impl LogSyncer {
         if let Some(f) = &file {
             self.segment = Some(f.segment());
         }
-        // The thread exits only after a failed sync, which it reported first.
-        self.tx.send(Request { write, file }).map_err(|_| StorageError::SyncerGone)
+        // The thread exits only after a failed sync, which it recorded first.
+        match self.tx.send(Request { write, file }) {
+            Ok(()) => Ok(()),
+            Err(_) => self.check().and(Err(StorageError::SyncerGone)),
+        }
     }
 }
 
-fn run(rx: &Receiver<Request>, reports: &InputTx) {
-    let mut file: Option<SyncHandle<TimedFile>> = None;
+fn run<F: File>(
+    rx: &Receiver<Request<F>>,
+    reports: &InputTx,
+    failure: &Mutex<Option<StorageError>>,
+) {
+    let mut file: Option<SyncHandle<F>> = None;
     while let Ok(first) = rx.recv() {
         let mut write = first.write;
         file = first.file.or(file);
@@ -147,13 +171,19 @@ fn run(rx: &Receiver<Request>, reports: &InputTx) {
             file = next.file.or(file);
         }
         let Some(f) = file.as_mut() else { continue };
-        let report = match f.sync() {
-            Ok(()) => Input::LogSynced(write),
-            Err(e) => Input::LogSyncFailed(StorageError::from(e)),
-        };
-        let failed = matches!(report, Input::LogSyncFailed(_));
-        if reports.send(report).is_err() || failed {
-            return;
+        match f.sync() {
+            Ok(()) => {
+                if reports.send(Input::LogSynced(write)).is_err() {
+                    return;
+                }
+            }
+            Err(e) => {
+                let e = StorageError::from(e);
+                *failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(e.clone());
+                // Wakes the driver, whose next turn finds the failure (`check`).
+                let _ = reports.send(Input::LogSyncFailed(e));
+                return;
+            }
         }
     }
 }
@@ -161,6 +191,30 @@ fn run(rx: &Receiver<Request>, reports: &InputTx) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use cairn_storage::faulty::FaultyDir;
+    use cairn_storage::{Wal, WalOptions};
+
+    #[test]
+    fn a_failed_sync_is_recorded_before_it_is_reported_and_ends_the_thread() {
+        let disk = FaultyDir::default();
+        let (wal, _) = Wal::open(disk.clone(), WalOptions::default()).expect("a new log");
+        let (tx, rx) = mpsc::channel();
+        let (reports, inputs, _poll) = crate::driver::channel().expect("a queue");
+        let failure = Arc::new(Mutex::new(None));
+        let failed = failure.clone();
+        let thread = std::thread::spawn(move || run(&rx, &reports, &failed));
+        let handle = wal.sync_handle().expect("a handle");
+        tx.send(Request { write: 1, file: Some(handle) }).expect("the thread runs");
+        assert!(matches!(inputs.recv().expect("a report"), Input::LogSynced(1)));
+        disk.fail_after(0);
+        tx.send(Request { write: 2, file: None }).expect("the thread runs");
+        let report = inputs.recv().expect("a report");
+        assert!(matches!(report, Input::LogSyncFailed(_)), "{report:?}");
+        let recorded = failure.lock().expect("not poisoned").is_some();
+        assert!(recorded, "recorded for the driver's next turn");
+        thread.join().expect("the thread ends after a failure");
+        assert!(tx.send(Request { write: 3, file: None }).is_err(), "and takes no more");
+    }
 
     /// Totals after `n` more fsyncs of `micros` each.
     fn more(totals: (u64, u64), n: u64, micros: u64) -> (u64, u64) {

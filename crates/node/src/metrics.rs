@@ -138,10 +138,6 @@ impl File for TimedFile {
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
     }
-
-    fn try_clone(&self) -> io::Result<TimedFile> {
-        Ok(TimedFile { file: self.file.try_clone()?, metrics: self.metrics.clone() })
-    }
 }
 
 #[cfg(test)]

@@ -114,8 +114,9 @@ struct ServeArgs {
     /// How the write-ahead log is made durable: `inline` (each batch fsynced before the member
     /// goes on), `async` (batches fsynced on a thread of their own while the member goes on
     /// taking, sending and applying, as etcd raft's asynchronous storage writes;
-    /// acknowledgements still wait for the fsync), or `auto` (the default: inline while the
-    /// disk's fsyncs average under 500 µs, async above). All are equally durable (cairn's own).
+    /// acknowledgements still wait for the fsync), or `auto` (the default: async once the
+    /// disk's fsyncs average 500 µs or more over a second, inline again under 300 µs). All are
+    /// equally durable (cairn's own).
     #[arg(long, default_value = "auto", value_parser = ["auto", "async", "inline"])]
     log_sync: String,
     /// A deliberate bug, to prove the fault tests catch it (builds with `planted-bugs` only).

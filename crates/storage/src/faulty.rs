@@ -239,9 +239,4 @@ impl File for FaultyFile {
             Ok(())
         })
     }
-
-    fn try_clone(&self) -> io::Result<FaultyFile> {
-        // Both handles name the same simulated file, as a dup'd descriptor does.
-        Ok(FaultyFile { disk: self.disk.clone(), name: self.name.clone() })
-    }
 }

@@ -28,11 +28,6 @@ pub trait File {
     fn sync_data(&mut self) -> io::Result<()>;
     /// Grows (with zeros) or shrinks the file.
     fn set_len(&mut self, len: u64) -> io::Result<()>;
-    /// A second handle to the same file (`dup`), so that another thread can sync it while this
-    /// one writes: a sync through either covers every write made before it through both.
-    fn try_clone(&self) -> io::Result<Self>
-    where
-        Self: Sized;
 }
 
 /// Permissions of the directories storage creates: the log holds every key and value, so it is
@@ -123,9 +118,5 @@ impl File for OsFile {
 
     fn set_len(&mut self, len: u64) -> io::Result<()> {
         self.file.set_len(len)
-    }
-
-    fn try_clone(&self) -> io::Result<OsFile> {
-        Ok(OsFile { file: self.file.try_clone()? })
     }
 }

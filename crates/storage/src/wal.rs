@@ -68,8 +68,8 @@ pub struct Wal<D: Dir> {
     poisoned: bool,
 }
 
-/// A second handle to the log's active segment, to sync it on another thread while the log goes
-/// on writing ([`Wal::sync_handle`]).
+/// The log's active segment opened a second time, to sync it on another thread while the log
+/// goes on writing ([`Wal::sync_handle`]).
 #[derive(Debug)]
 pub struct SyncHandle<F> {
     segment: u64,
@@ -225,10 +225,14 @@ impl<D: Dir> Wal<D> {
     /// segment's sequence number so the caller can keep one handle per segment. A sync through it
     /// makes durable every write made before it: earlier segments were synced when the log moved
     /// past them ([`Wal::sync`]'s rotation rule), so the active one is all that can be behind.
+    ///
+    /// The handle is the segment opened again, not a `dup` of the log's descriptor: Linux
+    /// reports a failed writeback once to each open file, so through a shared one, an error
+    /// the other thread's sync consumed would leave this log's next sync reporting success.
     pub fn sync_handle(&self) -> Result<SyncHandle<D::File>, WalError> {
         self.check()?;
         let seg = self.segments.last().expect("an active segment");
-        let file = self.active.try_clone().map_err(io_err("dup", &seg.name))?;
+        let file = self.dir.open(&seg.name).map_err(io_err("open", &seg.name))?;
         Ok(SyncHandle { segment: seg.seq, name: seg.name.clone(), file })
     }
 
