@@ -70,11 +70,19 @@ impl AutoPolicy {
         AutoPolicy { on_thread: false, sampled: (0, 0, now) }
     }
 
-    /// Given the fsync histogram's totals (count, sum in ns) at `now`: whether to sync on the
-    /// thread.
-    pub(crate) fn decide(&mut self, (count, sum): (u64, u64), now: Instant) -> bool {
+    /// Given the fsync histogram's totals (count, sum in ns), and the time (read only once
+    /// enough fsyncs were counted, since this runs every turn): whether to sync on the thread.
+    pub(crate) fn decide(
+        &mut self,
+        (count, sum): (u64, u64),
+        now: impl FnOnce() -> Instant,
+    ) -> bool {
         let (c0, s0, at) = self.sampled;
-        if count < c0 + SAMPLE_FSYNCS || now.saturating_duration_since(at) < SAMPLE_WINDOW {
+        if count < c0 + SAMPLE_FSYNCS {
+            return self.on_thread;
+        }
+        let now = now();
+        if now.saturating_duration_since(at) < SAMPLE_WINDOW {
             return self.on_thread;
         }
         let mean_micros = sum.saturating_sub(s0) / (count - c0) / 1000;
@@ -122,7 +130,7 @@ impl LogSyncer {
     pub(crate) fn on_thread(&mut self, fsyncs: &DiskHistogram) -> bool {
         match &mut self.auto {
             None => true,
-            Some(policy) => policy.decide(fsyncs.totals(), Instant::now()),
+            Some(policy) => policy.decide(fsyncs.totals(), Instant::now),
         }
     }
 
@@ -228,15 +236,15 @@ mod tests {
         let mut p = AutoPolicy::new(t0);
         let mut totals = (0, 0);
         totals = more(totals, 100, 150);
-        assert!(!p.decide(totals, sec(1)), "fast fsyncs stay inline");
+        assert!(!p.decide(totals, || sec(1)), "fast fsyncs stay inline");
         totals = more(totals, 100, 900);
-        assert!(!p.decide(totals, sec(1) + Duration::from_millis(500)), "within a second");
-        assert!(p.decide(totals, sec(2)), "slow fsyncs move to the thread");
+        assert!(!p.decide(totals, || sec(1) + Duration::from_millis(500)), "within a second");
+        assert!(p.decide(totals, || sec(2)), "slow fsyncs move to the thread");
         totals = more(totals, 100, 400);
-        assert!(p.decide(totals, sec(3)), "between the two bounds, it stays");
+        assert!(p.decide(totals, || sec(3)), "between the two bounds, it stays");
         totals = more(totals, 10, 100);
-        assert!(p.decide(totals, sec(4)), "too few fsyncs to judge");
+        assert!(p.decide(totals, || sec(4)), "too few fsyncs to judge");
         totals = more(totals, 10, 100);
-        assert!(!p.decide(totals, sec(5)), "fast again: back inline");
+        assert!(!p.decide(totals, || sec(5)), "fast again: back inline");
     }
 }

@@ -223,8 +223,8 @@ impl<D: Dir> Wal<D> {
 
     /// A handle to the active segment for syncing it elsewhere (another thread), with the
     /// segment's sequence number so the caller can keep one handle per segment. A sync through it
-    /// makes durable every write made before it: earlier segments were synced when the log moved
-    /// past them ([`Wal::sync`]'s rotation rule), so the active one is all that can be behind.
+    /// makes durable every write made before it: the log syncs a segment before it moves to the
+    /// next, so the active one is all that can be behind.
     ///
     /// The handle is the segment opened again, not a `dup` of the log's descriptor: Linux
     /// reports a failed writeback once to each open file, so through a shared one, an error

@@ -73,16 +73,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Syncs the log on this thread and reports it ([`super::Work::log_sync`]): every write so far is
     /// covered.
     pub fn sync_log(&mut self) -> Result<(), StorageError> {
-        if let Some(e) = &self.failed {
-            return Err(e.clone());
-        }
-        if let Err(e) = self.wal.sync() {
-            let e = StorageError::from(e);
-            self.failed = Some(e.clone());
-            return Err(e);
-        }
-        self.handle_log_synced(self.syncs.writes);
-        Ok(())
+        self.fail_stop(|r| {
+            r.wal.sync()?;
+            r.handle_log_synced(r.syncs.writes);
+            Ok(())
+        })
     }
 
     /// A handle to the log's active segment, to sync on another thread ([`super::Work::log_sync`]).
@@ -104,16 +99,15 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         entries: Vec<Entry>,
         hard_state: Option<cairn_raft::HardState>,
     ) -> Result<(), StorageError> {
-        if entries.is_empty() {
+        let Some((index, term)) = entries.last().map(|e| (e.index, e.term)) else {
             if hard_state.is_some() {
                 self.lazy_hard_state = hard_state;
             }
             return Ok(());
-        }
-        let last = entries.last().map(|e| (e.index, e.term)).expect("entries");
+        };
         self.append(entries, hard_state)?;
         self.syncs.writes += 1;
-        self.syncs.unsynced.push_back((self.syncs.writes, last.0, last.1));
+        self.syncs.unsynced.push_back((self.syncs.writes, index, term));
         self.work.log_sync = Some(self.syncs.writes);
         Ok(())
     }

@@ -442,10 +442,19 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         &mut self,
         early: &mut dyn FnMut(&mut Vec<Message>),
     ) -> Result<(), StorageError> {
+        self.fail_stop(|r| r.process_inner(early))
+    }
+
+    /// Runs `f` unless the replica has failed, and keeps `f`'s storage error for good: this
+    /// and every later call return it (fail-stop).
+    fn fail_stop(
+        &mut self,
+        f: impl FnOnce(&mut Self) -> Result<(), StorageError>,
+    ) -> Result<(), StorageError> {
         if let Some(e) = &self.failed {
             return Err(e.clone());
         }
-        let result = self.process_inner(early);
+        let result = f(self);
         if let Err(e) = &result {
             self.failed = Some(e.clone());
         }
