@@ -113,7 +113,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if self.cfg.has_bug(Bug::AckBeforeFsync) {
             return Ok(false);
         }
-        self.wal.sync()?;
+        self.sync_wal()?;
         if let Some(tv) = term_vote {
             self.synced_term_vote = tv;
         }
@@ -146,7 +146,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             .map(|(e, d)| (e.index.0, d.as_ref().map(|(_, cmd)| cmd)))
             .collect();
         let (outcomes, prepared) = self.store.execute(&batch)?;
-        self.work.commits.push(prepared);
+        self.hold_batch(prepared);
         let me = self.raft.id().0;
         if decoded.iter().flatten().any(|(_, c)| matches!(c, Command::Membership { .. })) {
             self.work.membership = true;

@@ -49,7 +49,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let Some(target) = self.compaction_point(self.store_durable) else { return Ok(()) };
         let Some(meta) = self.raft.compact_to(target, Bytes::new()) else { return Ok(()) };
         self.wal.save_compaction(&meta)?;
-        self.wal.sync()?;
+        self.sync_wal()?;
         self.wal.compact(meta.index)?;
         if let Some(m) = &self.cfg.metrics {
             crate::metrics::EngineMetrics::add(&m.log_compactions, 1);
@@ -67,13 +67,15 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if self.store_sync_pending {
             return;
         }
-        let applied = self.raft.applied_index();
-        let Some(target) = self.compaction_point(applied) else { return };
+        // The committer has batches up to where the log's commit index is durable, no further
+        // (`store_batches.rs`).
+        let handed = self.raft.applied_index().min(self.syncs.commit_synced);
+        let Some(target) = self.compaction_point(handed) else { return };
         if self.store_durable >= target {
             return;
         }
         self.store_sync_pending = true;
-        self.work.store_sync = Some(applied);
+        self.work.store_sync = Some(handed);
     }
 
     /// Where to compact the log to with the store durable up to `durable`, or `None` if no

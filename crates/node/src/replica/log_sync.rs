@@ -26,12 +26,28 @@ pub(super) struct Syncs {
     writes: u64,
     /// The last write a sync is known to cover.
     synced_writes: u64,
-    /// Writes not yet known durable: their number, and the index and term of their last entry
-    /// (what the core is told once they are durable).
-    unsynced: VecDeque<(u64, LogIndex, Term)>,
+    /// Writes not yet known durable, in order.
+    unsynced: VecDeque<Unsynced>,
     /// Messages that promise what a write holds (acknowledgements), by the number of the last
     /// write before them, until a sync covers it.
     held: VecDeque<(u64, Vec<Message>)>,
+    /// The commit index of the last hard state written to the log.
+    pub(super) commit_written: LogIndex,
+    /// The commit index the log holds durably: what a restart recovers at least
+    /// (`store_batches.rs` holds the store's batches to it).
+    pub(super) commit_synced: LogIndex,
+}
+
+/// A write to the log not yet known durable.
+#[derive(Debug)]
+struct Unsynced {
+    /// Its number.
+    write: u64,
+    /// The index and term of its last entry, what the core is told once it is durable; none
+    /// for a hard state alone.
+    last_entry: Option<(LogIndex, Term)>,
+    /// The commit index the log held once it was written.
+    commit: LogIndex,
 }
 
 impl Default for Syncs {
@@ -42,7 +58,16 @@ impl Default for Syncs {
             synced_writes: 0,
             unsynced: VecDeque::new(),
             held: VecDeque::new(),
+            commit_written: LogIndex::ZERO,
+            commit_synced: LogIndex::ZERO,
         }
+    }
+}
+
+impl Syncs {
+    /// Nothing written yet, over a log whose durable commit index is `commit`.
+    pub(super) fn with_commit(commit: LogIndex) -> Syncs {
+        Syncs { commit_written: commit, commit_synced: commit, ..Syncs::default() }
     }
 }
 
@@ -55,8 +80,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         }
         self.syncs.synced_writes = write;
         let mut last = None;
-        while self.syncs.unsynced.front().is_some_and(|(w, _, _)| *w <= write) {
-            last = self.syncs.unsynced.pop_front().map(|(_, index, term)| (index, term));
+        while self.syncs.unsynced.front().is_some_and(|u| u.write <= write) {
+            let done = self.syncs.unsynced.pop_front().expect("checked");
+            self.syncs.commit_synced = self.syncs.commit_synced.max(done.commit);
+            last = done.last_entry.or(last);
         }
         if let Some((index, term)) = last {
             self.raft.log_synced(index, term);
@@ -73,11 +100,21 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Syncs the log on this thread and reports it ([`super::Work::log_sync`]): every write so far is
     /// covered.
     pub fn sync_log(&mut self) -> Result<(), StorageError> {
-        self.fail_stop(|r| {
-            r.wal.sync()?;
-            r.handle_log_synced(r.syncs.writes);
-            Ok(())
-        })
+        self.fail_stop(|r| r.sync_all())
+    }
+
+    /// Syncs the log on this thread: every write so far is durable, and the core is told.
+    pub(super) fn sync_all(&mut self) -> Result<(), StorageError> {
+        self.sync_wal()?;
+        self.handle_log_synced(self.syncs.writes);
+        Ok(())
+    }
+
+    /// Syncs the log: the commit index last written is durable from here on.
+    pub(super) fn sync_wal(&mut self) -> Result<(), StorageError> {
+        self.wal.sync()?;
+        self.syncs.commit_synced = self.syncs.commit_written;
+        Ok(())
     }
 
     /// A handle to the log's active segment, to sync on another thread ([`super::Work::log_sync`]).
@@ -106,10 +143,27 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             return Ok(());
         };
         self.append(entries, hard_state)?;
-        self.syncs.writes += 1;
-        self.syncs.unsynced.push_back((self.syncs.writes, index, term));
-        self.work.log_sync = Some(self.syncs.writes);
+        self.left_to_sync(Some((index, term)));
         Ok(())
+    }
+
+    /// Writes a hard state alone for the driver to sync, unlike [`Replica::write`], which
+    /// leaves one to ride with a later write.
+    pub(super) fn write_hard_state(
+        &mut self,
+        hard_state: cairn_raft::HardState,
+    ) -> Result<(), StorageError> {
+        self.append(Vec::new(), Some(hard_state))?;
+        self.left_to_sync(None);
+        Ok(())
+    }
+
+    /// Numbers the write just made and asks the driver to sync it.
+    fn left_to_sync(&mut self, last_entry: Option<(LogIndex, Term)>) {
+        self.syncs.writes += 1;
+        let commit = self.syncs.commit_written;
+        self.syncs.unsynced.push_back(Unsynced { write: self.syncs.writes, last_entry, commit });
+        self.work.log_sync = Some(self.syncs.writes);
     }
 
     /// Messages that promise what the last writes hold: sent now if those are durable, else
@@ -136,7 +190,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             return Ok(());
         }
         if !synced && !self.cfg.has_bug(Bug::AckBeforeFsync) {
-            self.wal.sync()?;
+            self.sync_wal()?;
         }
         self.syncs.unsynced.clear();
         self.syncs.synced_writes = self.syncs.writes;
@@ -161,6 +215,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let hard_state = hard_state.or(self.lazy_hard_state.take());
         self.lazy_hard_state = None;
         self.wal.append(&entries, hard_state.as_ref())?;
+        if let Some(hs) = &hard_state {
+            self.syncs.commit_written = hs.commit;
+        }
         if self.cfg.observe && !entries.is_empty() {
             let first = entries[0].index;
             let prev_term =

@@ -19,6 +19,7 @@ mod members;
 mod moves;
 mod publish;
 mod snapshot;
+mod store_batches;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -202,6 +203,8 @@ pub struct Replica<D: Dir, B: Backend, T> {
     lazy_hard_state: Option<cairn_raft::HardState>,
     /// A store sync was asked for and not yet reported.
     store_sync_pending: bool,
+    /// Executed batches waiting for the log's durable commit index (`store_batches.rs`).
+    held_batches: store_batches::HeldBatches,
     /// Writes left for the driver to sync, and what waits for them (`log_sync.rs`).
     syncs: log_sync::Syncs,
     /// The store is durable up to here (reported by the committer).
@@ -278,6 +281,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
+        // What the log holds durably: its hard state's commit index, or its snapshot's.
+        let commit = raft.commit_index();
         let applied = store.applied_index();
         // The log is compacted only up to what the store made durable: a store behind the
         // compaction point (a database replaced by an empty one) cannot be rebuilt from it.
@@ -306,7 +311,8 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             synced_term_vote: (hs.term, hs.vote),
             lazy_hard_state: None,
             store_sync_pending: false,
-            syncs: log_sync::Syncs::default(),
+            held_batches: store_batches::HeldBatches::default(),
+            syncs: log_sync::Syncs::with_commit(commit),
             leadership: Leadership { leader: None, term: hs.term },
             incoming_image: None,
             outgoing_image: None,
@@ -480,6 +486,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if self.maybe_publish() {
             self.handle_readies(early)?;
         }
+        self.release_batches()?;
         self.drop_incoming_image();
         self.outgoing_image = None;
         self.release_reads();

@@ -53,9 +53,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// The store's state at the applied index, as a snapshot; `None` while the store is ahead
-    /// of the core's applied index (just after a restart, until replay catches up: the log's
-    /// commit index is made durable lazily, so the store may hold more than the log says is
-    /// committed), when no configuration for the store's index is known.
+    /// of the core's applied index, when no configuration for the store's index is known. After
+    /// a restart replay brings the core to the store at once (`store_batches.rs` keeps the
+    /// store's durable index within the log's durable commit index), except after a crash
+    /// between a snapshot's install in the store and its record in the log: such a member
+    /// follows until a leader's commit index passes its store.
     fn store_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         // Every earlier Ready is applied and advanced, so the core's configuration is the one
         // as of its applied index.
@@ -163,7 +165,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             return Err(missing());
         }
         self.wal.install_snapshot(meta)?;
-        self.wal.sync()?;
+        // Replay counts everything up to the snapshot committed.
+        self.syncs.commit_written = self.syncs.commit_written.max(meta.index);
+        self.sync_wal()?;
         if let Some(handle) = file {
             // Installed and recorded: the file is of no more use (a crash before this leaves it
             // to the transport's start, which removes it).
