@@ -4,7 +4,8 @@
 //! checks what LMDB would follow: both meta pages (flag, magic, version, page size, roots), then
 //! every page reachable from the roots of the free list, the main database and the named
 //! databases in it (page number, flags, bounds of the node table and of each node, child and
-//! overflow page numbers). It reads each reachable page once: a pass over the file, at open only.
+//! overflow page numbers). It reads each reachable page once, at open only, after reading the whole
+//! file in order into the page cache (`warm`): the walk's order is the trees', random on disk.
 //!
 //! Layout (liblmdb `mdb.c`, 64-bit, data format version 1): a page starts with a 16-byte header
 //! `pgno u64 | pad u16 | flags u16 | lower u16 | upper u16` (overflow pages: `pages u32` in
@@ -96,6 +97,7 @@ pub fn check(path: &Path) -> Result<(), Damaged> {
     if len == 0 {
         return Ok(());
     }
+    warm(&file, len);
     let mut head = vec![0u8; 512.min(len as usize)];
     file.read_exact_at(&mut head, 0).map_err(|e| damaged(Some(0), format!("read: {e}")))?;
     if head.len() < TXNID + 8 {
@@ -120,6 +122,24 @@ pub fn check(path: &Path) -> Result<(), Damaged> {
         c.tree(root, meta as u64)?;
     }
     Ok(())
+}
+
+/// Reads the whole file once, in order, into the page cache. The walk reads pages in the
+/// trees' order, which on a cold cache costs one random read per page: 9.3-10.2 s for a 357 MB
+/// file on this machine's disk, against 1.2-1.8 s to read it in order (`posix_fadvise`'s
+/// `WILLNEED` did nothing here). The walk, LMDB and the index rebuild then find their pages in
+/// the cache. On a warm cache this costs a copy of the file. A read that fails is left for the
+/// walk to report, with the page it failed at.
+fn warm(file: &std::fs::File, len: u64) {
+    const CHUNK: usize = 4 << 20;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0;
+    while at < len {
+        match file.read_at(&mut buf, at) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => at += n as u64,
+        }
+    }
 }
 
 impl Checker {
