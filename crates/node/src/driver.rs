@@ -244,10 +244,28 @@ impl Driver {
             }
         };
         self.shared.failed.store(true, Ordering::SeqCst);
+        if !matches!(cause, StopCause::Storage(_)) {
+            self.hand_over_every_batch();
+        }
         self.replica.fail_all(&EngineError::Stopped(cause));
         self.answer();
-        // The committer commits what was executed, then exits.
+        // The committer commits what it was handed, then exits.
         self.committer.stop();
+    }
+
+    /// On a graceful stop, the executed batches still waiting for the log's commit index go
+    /// to the committer after it is made durable, so the store stops as current as the log.
+    /// A failure here loses nothing: the log replays those entries at the next start.
+    fn hand_over_every_batch(&mut self) {
+        if let Err(e) = self.replica.release_all_batches() {
+            tracing::warn!("the store stops behind the log, which replays the rest at start: {e}");
+            return;
+        }
+        for batch in self.replica.work().commits.drain(..) {
+            if self.committer.send(Job::Batch(batch)).is_err() {
+                return;
+            }
+        }
     }
 
     fn serve(&mut self) -> Result<(), StorageError> {

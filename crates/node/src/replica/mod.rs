@@ -276,7 +276,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
                 wal.sync().map_err(wal_err)?;
                 p
             }
-            (_, _) => recovered(rec),
+            (_, _) => {
+                // What replay read may sit unsynced in the page cache (the last run was killed
+                // before its sync): make it durable before anything acts on it, the core's
+                // synced log and the store's batches (`store_batches.rs`) alike.
+                wal.sync().map_err(wal_err)?;
+                recovered(rec)
+            }
         };
         let hs = persisted.hard_state;
         let id = cfg.raft.id;

@@ -49,14 +49,42 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Hands the committer every batch the log's durable commit index covers; first writes
     /// and syncs the commit index alone if a batch has waited a tick with no write carrying it.
     pub(super) fn release_batches(&mut self) -> Result<(), StorageError> {
+        self.hand_over();
         let Some(oldest) = self.held_batches.batches.front() else { return Ok(()) };
         // A physical compaction's caller waits for the committer to remove history, which
         // follows the batch that compacts: it does not wait for a tick.
         let waited = self.ticks > self.held_batches.since || !self.physical.is_empty();
         if waited && oldest.applied_index() > self.syncs.commit_written.0 {
-            self.write_commit()?;
+            self.write_commit(self.syncs.sync_later)?;
+            self.hand_over();
         }
-        let durable = self.syncs.commit_synced.0;
+        Ok(())
+    }
+
+    /// Before a graceful stop: makes the commit index durable, on this thread, and hands the
+    /// committer every batch, so that the store is as current as the log when the member stops.
+    pub fn release_all_batches(&mut self) -> Result<(), StorageError> {
+        self.fail_stop(|r| {
+            if r.held_batches.batches.is_empty() {
+                return Ok(());
+            }
+            // Never a commit index below one written: the last one written is what replay reads.
+            if r.raft.applied_index() > r.syncs.commit_written {
+                r.write_commit(false)?;
+            } else if r.syncs.commit_written > r.syncs.commit_synced {
+                r.sync_all()?;
+            }
+            r.hand_over();
+            Ok(())
+        })
+    }
+
+    /// Moves the batches the log's durable commit index covers to [`super::Work::commits`].
+    /// So does a batch at or below what the store already holds: it changes nothing (a store
+    /// ahead of its log after a crash between a snapshot's install and its record replays
+    /// entries it holds), and written for, it would be written for again every turn.
+    fn hand_over(&mut self) {
+        let durable = self.syncs.commit_synced.0.max(self.store.applied_index());
         let mut released = false;
         while self.held_batches.batches.front().is_some_and(|b| b.applied_index() <= durable) {
             let batch = self.held_batches.batches.pop_front().expect("checked");
@@ -66,16 +94,18 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         if released {
             self.held_batches.since = self.ticks;
         }
-        Ok(())
     }
 
-    /// Writes the core's hard state alone and syncs the log, or leaves the sync to the driver
-    /// as it does the writes before. Every `Ready` is handled (its term and vote are durable
-    /// already), so this only makes its commit index durable.
-    fn write_commit(&mut self) -> Result<(), StorageError> {
-        debug_assert!(!self.raft.has_ready(), "a Ready is waiting: the hard state may be new");
-        let hs = self.raft.hard_state();
-        if self.syncs.sync_later && self.cfg.raft.async_storage_writes {
+    /// Writes a hard state alone and syncs the log, or leaves the sync to the driver (`later`,
+    /// under asynchronous writes) as it does the writes before. It holds the term and vote as
+    /// last made durable, not the core's (a `Ready` may be waiting with a new one, at a stop),
+    /// and the applied index as commit index: every entry applied is written (the core's
+    /// commit index may be past the entries written, and replay refuses a log whose commit
+    /// index is past its last entry).
+    fn write_commit(&mut self, later: bool) -> Result<(), StorageError> {
+        let (term, vote) = self.synced_term_vote;
+        let hs = cairn_raft::HardState { term, vote, commit: self.raft.applied_index() };
+        if later && self.cfg.raft.async_storage_writes {
             return self.write_hard_state(hs);
         }
         self.append(Vec::new(), Some(hs))?;

@@ -16,4 +16,5 @@ mod peer_tls;
 mod quota;
 mod replica;
 mod snapshot_transfer;
+mod store_batches;
 mod watch;

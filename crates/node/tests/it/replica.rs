@@ -25,14 +25,14 @@ const LIMITS: Limits = Limits { max_request_bytes: 1 << 20, max_txn_ops: 128 };
 
 pub(crate) struct Member {
     pub(crate) replica: R,
-    committer: Committer<MemBackend>,
-    disk: FaultyDir,
+    pub(crate) committer: Committer<MemBackend>,
+    pub(crate) disk: FaultyDir,
     ids: RequestIds,
     pub(crate) answers: Vec<Answer>,
     metrics: Arc<EngineMetrics>,
 }
 
-fn member(id: u64, voters: &[u64], snapshot_entries: u64) -> Member {
+pub(crate) fn member(id: u64, voters: &[u64], snapshot_entries: u64) -> Member {
     member_from(id, voters, config(id, snapshot_entries))
 }
 
@@ -106,7 +106,7 @@ pub(crate) struct Net {
 }
 
 impl Net {
-    fn new(voters: &[u64], snapshot_entries: u64) -> Net {
+    pub(crate) fn new(voters: &[u64], snapshot_entries: u64) -> Net {
         Net::with_configs(voters, |id| config(id, snapshot_entries))
     }
 
@@ -527,51 +527,4 @@ fn a_cut_off_leader_does_not_renew_leases() {
     net.tick_all(25);
     let changed = Err(EngineError::LeaderChanged);
     assert_eq!(net.get(1).answers, vec![(99, changed.clone()), (100, changed)]);
-}
-
-/// The store makes durable only what the log durably holds committed: were it ahead, a
-/// restarted member's core would start with its applied index below the store's, unable to
-/// make a snapshot of the store until it learned a later commit index (a restarted leader
-/// whose quorum needed snapshots never committed again). The commit index of the last write
-/// rides lazily with the next one, so a quiet log writes it alone after a tick.
-#[test]
-fn the_store_never_makes_durable_more_than_the_log_durably_holds_committed() {
-    let mut net = Net::new(&[1, 2, 3], 100);
-    net.stabilize();
-    net.elect(1);
-    for i in 0..5 {
-        net.get(1).propose(&put(&format!("k{i}"), "v"), i);
-        net.stabilize();
-    }
-    let check_reopen = |m: &mut Member, id: u64| {
-        // The committer commits and syncs everything it was handed; the log loses what it did
-        // not sync.
-        m.committer.want_sync();
-        m.committer.commit().unwrap();
-        let store = m.committer.store().clone();
-        m.disk.crash(id);
-        let reopened =
-            R::open(config(id, 100), m.disk.clone(), store.clone(), Bootstrap::Joining, 0).unwrap();
-        let commit = reopened.raft().commit_index().0;
-        (commit, store.applied_index(), store.executed_index())
-    };
-    for id in [1, 2] {
-        let (commit, durable, executed) = check_reopen(net.get(id), id);
-        assert!(
-            durable <= commit,
-            "member {id}: store durable at {durable}, log's commit {commit}"
-        );
-        assert!(durable < executed, "member {id}: the last write waits for the next");
-    }
-    // A quiet tick later the commit index is written alone and the store catches up.
-    let mut net = Net::new(&[1, 2, 3], 100);
-    net.stabilize();
-    net.elect(1);
-    net.get(1).propose(&put("k", "v"), 1);
-    net.stabilize();
-    net.tick_all(2);
-    for id in [1, 2, 3] {
-        let (commit, durable, executed) = check_reopen(net.get(id), id);
-        assert_eq!((durable, commit), (executed, executed), "member {id}");
-    }
 }
