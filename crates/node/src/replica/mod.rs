@@ -265,25 +265,7 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         bootstrap: Bootstrap,
         now_micros: u64,
     ) -> Result<Replica<D, B, T>, OpenError> {
-        let wal_err = |e| OpenError::Wal(Arc::new(e));
-        let (mut wal, rec) = Wal::open(dir, wal_opts).map_err(wal_err)?;
-        let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
-        let persisted = match (is_fresh(&rec), bootstrap) {
-            (true, Bootstrap::Founding(conf)) => {
-                // Persist the founding configuration and peer URLs before anything else.
-                let p = founding(conf, &cfg.founding_peers);
-                wal.append(&p.entries, Some(&p.hard_state)).map_err(wal_err)?;
-                wal.sync().map_err(wal_err)?;
-                p
-            }
-            (_, _) => {
-                // What replay read may sit unsynced in the page cache (the last run was killed
-                // before its sync): make it durable before anything acts on it, the core's
-                // synced log and the store's batches (`store_batches.rs`) alike.
-                wal.sync().map_err(wal_err)?;
-                recovered(rec)
-            }
-        };
+        let (wal, persisted, compacted) = open_log(&cfg, dir, wal_opts, bootstrap)?;
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
@@ -675,6 +657,33 @@ fn recovered(rec: Recovered) -> Persisted {
 
 fn is_fresh(rec: &Recovered) -> bool {
     rec.entries.is_empty() && rec.snapshot.is_none() && rec.hard_state.term.0 == 0
+}
+
+/// Opens the log, founding it as `bootstrap` says if it is new: the log, what the core starts
+/// from, and the index the log is compacted to.
+fn open_log<D: Dir>(
+    cfg: &ReplicaConfig,
+    dir: D,
+    wal_opts: cairn_storage::WalOptions,
+    bootstrap: Bootstrap,
+) -> Result<(Wal<D>, Persisted, LogIndex), OpenError> {
+    let wal_err = |e| OpenError::Wal(Arc::new(e));
+    let (mut wal, rec) = Wal::open(dir, wal_opts).map_err(wal_err)?;
+    let compacted = rec.snapshot.as_ref().map_or(LogIndex::ZERO, |s| s.index);
+    let persisted = match (is_fresh(&rec), bootstrap) {
+        (true, Bootstrap::Founding(conf)) => {
+            // Persist the founding configuration and peer URLs before anything else.
+            let p = founding(conf, &cfg.founding_peers);
+            wal.append(&p.entries, Some(&p.hard_state)).map_err(wal_err)?;
+            p
+        }
+        // What replay read may sit unsynced in the page cache (the last run was killed before
+        // its sync): it is made durable below, before anything acts on it, the core's synced
+        // log and the store's batches (`store_batches.rs`) alike.
+        (_, _) => recovered(rec),
+    };
+    wal.sync().map_err(wal_err)?;
+    Ok((wal, persisted, compacted))
 }
 
 /// Decodes a committed entry's command, naming the entry if it does not decode.
