@@ -80,11 +80,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     }
 
     /// Moves the batches the log's durable commit index covers to [`super::Work::commits`].
-    /// So does a batch at or below what the store already holds: it changes nothing (a store
-    /// ahead of its log after a crash between a snapshot's install and its record replays
-    /// entries it holds), and written for, it would be written for again every turn.
+    /// So does a batch at or below what the store already holds durably (`store_durable`, no
+    /// lock on the store): it changes nothing (a store ahead of its log after a crash between a
+    /// snapshot's install and its record replays entries it holds), and written for, it would
+    /// be written for again every turn.
     fn hand_over(&mut self) {
-        let durable = self.syncs.commit_synced.0.max(self.store.applied_index());
+        let durable = self.syncs.commit_synced.max(self.store_durable).0;
         let mut released = false;
         while self.held_batches.batches.front().is_some_and(|b| b.applied_index() <= durable) {
             let batch = self.held_batches.batches.pop_front().expect("checked");
