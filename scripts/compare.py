@@ -127,6 +127,23 @@ def quorum_fdatasync_latency(members, rounds=300):
     return {"p50_us": round(lat[rounds // 2]), "p99_us": round(lat[rounds * 99 // 100])}
 
 
+def replicated_floor(members, total=3000):
+    """The end-to-end floor of a 1-client put on `members` members sharing this machine: the
+    `replicated_floor` example (crates/bench/examples) runs a client, a leader and followers as
+    plain threads over loopback TCP, each fdatasyncing a preallocated log file, the leader
+    answering at a quorum. Built here if needed; None if it cannot be built or run."""
+    try:
+        subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-bench", "--example", "replicated_floor"],
+                       cwd=ROOT, check=True, timeout=900, capture_output=True)
+        binary = os.path.join(locate.target_dir(), "release", "examples", "replicated_floor")
+        out = subprocess.run([binary, str(members), str(total), ROOT], capture_output=True, text=True,
+                             timeout=300, check=True)
+        return json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        print(f"replicated floor: not measured ({e})", file=sys.stderr)
+        return None
+
+
 def rss_kib(pid):
     try:
         with open(f"/proc/{pid}/status") as f:
@@ -688,6 +705,12 @@ LEASE_ROWS = [(row.replace("C-R-l", "C-R-lease"), where, args) for row, where, a
               if row.startswith("C-R-l ")]
 
 
+def cluster_row_wanted(a, row):
+    """--rows names prefixes of row ids (e.g. C-W1,C-R-l); none means every row."""
+    prefixes = [p.strip() for p in (a.rows or "").split(",") if p.strip()]
+    return not prefixes or any(row.startswith(p) for p in prefixes)
+
+
 def run_system_round(a, r, system, binary, work, results, rtt, resources):
     n = a.members
     extra = ["--read-mode", "lease"] if system == "cairn-lease" else []
@@ -697,6 +720,8 @@ def run_system_round(a, r, system, binary, work, results, rtt, resources):
         subprocess.run([CAIRN, "bench", "--endpoints", ",".join(cl.endpoints), "--target-leader",
                         "--total", "1", "put"], capture_output=True, timeout=60)
         for row, where, args in (LEASE_ROWS if system == "cairn-lease" else CLUSTER_MATRIX):
+            if not cluster_row_wanted(a, row):
+                continue
             res = measured_cpu(cl, lambda: (bench_leader if where == "leader" else bench_spread)(
                 cl.endpoints, args, a.quick))
             results.setdefault((row, system), []).append(res)
@@ -722,12 +747,15 @@ def run_cluster(a, etcd, etcd_version):
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before, tcp = fdatasync_latency(), tcp_round_trip()
     fs_before["quorum"] = quorum_fdatasync_latency(n)
+    fs_before["replicated"] = replicated_floor(n)
     results, rtt = {}, {}  # (row, system) -> list of result dicts; system -> list of results
     resources = {"etcd": [], "cairn": []}
     t0 = time.time()
     try:
         for r in range(rounds):
             order = ["etcd", "cairn", "cairn-lease"] if r % 2 == 0 else ["cairn-lease", "cairn", "etcd"]
+            if not any(cluster_row_wanted(a, row) for row, _, _ in LEASE_ROWS):
+                order.remove("cairn-lease")
             for system in order:
                 run_system_round(a, r, system, etcd if system == "etcd" else CAIRN, work, results, rtt, resources)
     finally:
@@ -735,6 +763,7 @@ def run_cluster(a, etcd, etcd_version):
     print(f"matrix took {time.time() - t0:.0f} s", file=sys.stderr)
     fs_after = fdatasync_latency()
     fs_after["quorum"] = quorum_fdatasync_latency(n)
+    fs_after["replicated"] = replicated_floor(n)
     write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, etcd, etcd_version, rounds)
 
 
@@ -763,6 +792,14 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
              f"p99 {fs_after['quorum']['p99_us']} µs. With the gRPC and peer round trips below, this bounds a "
              f"1-client put: at best 1 / (gRPC RTT + peer RTT + quorum fdatasync) per second",
              f"- loopback TCP round trip (1-byte ping-pong, Python): p50 {tcp['p50_us']} µs, p99 {tcp['p99_us']} µs"]
+    floors = [f["replicated"] for f in (fs_before, fs_after) if f.get("replicated")]
+    if floors:
+        lines.append(
+            f"- **a 1-client put, end to end** (`replicated_floor`: a client, a leader and {n - 1} followers as "
+            f"plain threads over loopback TCP, each fdatasyncing a preallocated log, answered at a quorum; no "
+            f"encoding, consensus or store): before and after "
+            + "; ".join(f"{f['ops']} ops/s, p50 {f['p50_us']} µs, p99 {f['p99_us']} µs" for f in floors)
+            + ". The sum of the parts above is a looser bound: measured apart, each part pays its own wakeups.")
     for system in ("etcd", "cairn"):
         runs = [x for x in rtt.get(system, []) if "throughput_ops" in x and not x.get("errors")]
         if runs:
@@ -788,6 +825,8 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
     floor = lambda s: f"{cores * 1e6 / s['cpu_us']:.0f}" if s and s.get("cpu_us") else "n/a"
     busy = lambda s: f"{100 * s['busy']:.0f}%" if s and "busy" in s else "n/a"
     for row, _, _ in CLUSTER_MATRIX + LEASE_ROWS:
+        if not cluster_row_wanted(a, row):
+            continue
         lease = row.startswith("C-R-lease")
         e = summarize(results, row.replace("C-R-lease", "C-R-l"), "etcd")
         c = summarize(results, row, "cairn-lease" if lease else "cairn")
@@ -797,6 +836,12 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
         shown = row + (" (cairn `--read-mode lease`; etcd: its ReadIndex row)" if lease else "")
         lines.append(f"| {shown} | {cell(e, 'ops')} | {cell(c, 'ops')} | {ratio} | {cell(e, 'p99')} "
                      f"| {cell(c, 'p99')} | {cpu(e)} | {cpu(c)} | {floor(c)} | {busy(c)} |")
+    w1 = next((row for row, _, _ in CLUSTER_MATRIX if row.startswith("C-W1")), None)
+    c1, e1 = summarize(results, w1, "cairn"), summarize(results, w1, "etcd")
+    if floors and c1 and e1:
+        best = median([f["ops"] for f in floors])
+        lines += ["", f"C-W1 against the end-to-end floor ({best:.0f} ops/s, the median of the measurements "
+                  f"above): cairn {100 * c1['ops'] / best:.0f}%, etcd {100 * e1['ops'] / best:.0f}%."]
     failures = [(row, s, x["error"]) for (row, s), xs in results.items() for x in xs if "error" in x]
     failures += [(row, s, f"{x['errors']} failed requests") for (row, s), xs in results.items() for x in xs if x.get("errors")]
     if failures:
