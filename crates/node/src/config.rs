@@ -128,8 +128,9 @@ pub enum LogSync {
     /// every member applies entries, only once durable.
     Async,
     /// [`LogSync::Inline`] while the log's fsyncs are fast, [`LogSync::Async`] once they
-    /// average 500 µs or more (back under 300 µs): the thread's hand-offs cost more than a
-    /// short fsync's stall, and much less than a long one's.
+    /// average 500 µs or more (back under 300 µs) while writes or requests share them: the
+    /// thread's hand-offs cost more than a short fsync's stall, and much less than a long one's
+    /// for those waiting behind it. A lone writer stays inline (`log_syncer::AutoPolicy`).
     Auto,
 }
 

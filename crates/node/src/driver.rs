@@ -72,6 +72,19 @@ pub(crate) enum Input {
     Stop,
 }
 
+impl Input {
+    /// A client's request: what waits, with its client, behind a sync on the driver's thread.
+    fn is_request(&self) -> bool {
+        matches!(
+            self,
+            Input::Propose { .. }
+                | Input::Read { .. }
+                | Input::LeaseRenew { .. }
+                | Input::LeaseTtl { .. }
+        )
+    }
+}
+
 impl std::fmt::Debug for Input {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Input")
@@ -288,6 +301,9 @@ impl Driver {
                 Ok(Some(input)) => {
                     let mut batch = std::mem::take(&mut self.batch);
                     taken = take_turn(&self.rx, input, &mut batch);
+                    if let Some(s) = &mut self.syncer {
+                        s.took_requests(batch.iter().filter(|i| i.is_request()).count());
+                    }
                     for input in batch.drain(..) {
                         if !self.accept(input)? {
                             return Ok(());
@@ -394,7 +410,8 @@ impl Driver {
         if let Some(syncer) = &mut self.syncer {
             // A failed sync stops the engine before anything else is written or synced.
             syncer.check()?;
-            let later = syncer.on_thread(&self.shared.metrics.wal_fsync);
+            let writes = self.replica.log_write_totals();
+            let later = syncer.on_thread(&self.shared.metrics.wal_fsync, writes);
             self.replica.set_sync_later(later);
         }
         let transport = &self.transport;

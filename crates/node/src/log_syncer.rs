@@ -36,6 +36,14 @@ const FAST_FSYNC_MICROS: u64 = 300;
 /// load range from 200 to 500 µs), and 16 fsyncs.
 const SAMPLE_WINDOW: Duration = Duration::from_secs(1);
 const SAMPLE_FSYNCS: u64 = 16;
+/// The thread pays only while others wait behind a sync: [`AutoPolicy`] moves syncs there
+/// only once the log's writes carry this many entries each on average, or the driver's turns
+/// take this many requests (in tenths)...
+const SHARED_WRITES_TENTHS: u64 = 15;
+/// ...and back once both are fewer than this: one client's puts, written one by one, gain
+/// nothing from the thread and pay its two hand-offs (7% of their rate on 3 members sharing
+/// a disk whose fsyncs averaged 600-900 µs, bench/results/2026-11-29-auto-sync.md).
+const LONE_WRITES_TENTHS: u64 = 12;
 
 /// The driver's side of the sync thread. Dropping it stops the thread.
 #[derive(Debug)]
@@ -45,59 +53,82 @@ pub(crate) struct LogSyncer {
     segment: Option<u64>,
     /// Under [`LogSync::Auto`], what decides where syncs run; `None`: always on the thread.
     auto: Option<AutoPolicy>,
+    /// Turns that took clients' requests, and the requests they took ([`Totals::requests`]).
+    requests: (u64, u64),
     /// A failed sync, set by the thread before it reports it: the driver checks it before
     /// every turn, so no later sync (inline, or a rotation's) can count writes durable that
     /// the failed one left unsynced, and the failure's cause is what the engine reports.
     failure: Arc<Mutex<Option<StorageError>>>,
 }
 
-/// Where [`LogSync::Auto`] syncs: on the driver's thread while the log's fsyncs are fast, on
-/// the sync thread once they are slow. A short fsync stalls the driver less than the two
-/// hand-offs to the thread and back cost it (on a machine short of cores, each is a context
-/// switch); a long one stalls every client behind it. Measured on a 2-core machine with 3
+/// Where [`LogSync::Auto`] syncs: on the driver's thread while the log's fsyncs are fast or
+/// its writes are a lone writer's, on the sync thread once fsyncs are slow and writers share
+/// them. A short fsync stalls the driver less than the two hand-offs to the thread and back
+/// cost it (on a machine short of cores, each is a context switch); a long one stalls every
+/// client behind it, but only if someone is behind it. Measured on a 2-core machine with 3
 /// members (bench/results/2026-11-29-log-sync.md): with this disk's fsyncs (100-400 µs) the
 /// thread costs one client's puts 17% and gains 100 clients nothing; with 2 ms added to each,
 /// it carries 54% more puts from 100 clients.
 #[derive(Debug)]
 pub(crate) struct AutoPolicy {
     on_thread: bool,
-    /// The fsync histogram's (count, sum in ns) when the average was last taken, and when.
-    sampled: (u64, u64, Instant),
+    /// The totals when the averages were last taken, and when.
+    sampled: (Totals, Instant),
+}
+
+/// What [`AutoPolicy`] averages over a window, as running totals.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Totals {
+    /// The fsync histogram's count and sum (ns).
+    pub(crate) fsyncs: (u64, u64),
+    /// The log's writes that carried entries, and their entries
+    /// ([`crate::replica::Replica::log_write_totals`]).
+    pub(crate) writes: (u64, u64),
+    /// The driver's turns that took clients' requests, and the requests they took: reads
+    /// wait behind an inline sync too, though they write nothing.
+    pub(crate) requests: (u64, u64),
 }
 
 impl AutoPolicy {
     pub(crate) fn new(now: Instant) -> AutoPolicy {
-        AutoPolicy { on_thread: false, sampled: (0, 0, now) }
+        AutoPolicy { on_thread: false, sampled: (Totals::default(), now) }
     }
 
-    /// Given the fsync histogram's totals (count, sum in ns), and the time (read only once
-    /// enough fsyncs were counted, since this runs every turn): whether to sync on the thread.
-    pub(crate) fn decide(
-        &mut self,
-        (count, sum): (u64, u64),
-        now: impl FnOnce() -> Instant,
-    ) -> bool {
-        let (c0, s0, at) = self.sampled;
-        if count < c0 + SAMPLE_FSYNCS {
+    /// Given the running totals, and the time (read only once enough fsyncs were counted,
+    /// since this runs every turn): whether to sync on the thread.
+    pub(crate) fn decide(&mut self, t: Totals, now: impl FnOnce() -> Instant) -> bool {
+        let (t0, at) = self.sampled;
+        let fsyncs = t.fsyncs.0.saturating_sub(t0.fsyncs.0);
+        if fsyncs < SAMPLE_FSYNCS {
             return self.on_thread;
         }
         let now = now();
         if now.saturating_duration_since(at) < SAMPLE_WINDOW {
             return self.on_thread;
         }
-        let mean_micros = sum.saturating_sub(s0) / (count - c0) / 1000;
-        self.sampled = (count, sum, now);
+        let mean_micros = t.fsyncs.1.saturating_sub(t0.fsyncs.1) / fsyncs / 1000;
+        // How many wait behind one sync: the entries a write carries (a follower's appends, a
+        // leader's proposals) or the requests a turn takes (reads too), whichever is more. No
+        // write and no request in the window (heartbeats only): nobody.
+        let per = |(n, sum): (u64, u64), (n0, sum0): (u64, u64)| {
+            (sum.saturating_sub(sum0) * 10).checked_div(n.saturating_sub(n0)).unwrap_or(0)
+        };
+        let sharing_tenths = per(t.writes, t0.writes).max(per(t.requests, t0.requests));
+        self.sampled = (t, now);
         let was = self.on_thread;
-        if mean_micros >= SLOW_FSYNC_MICROS {
+        if mean_micros >= SLOW_FSYNC_MICROS && sharing_tenths >= SHARED_WRITES_TENTHS {
             self.on_thread = true;
-        } else if mean_micros < FAST_FSYNC_MICROS {
+        } else if mean_micros < FAST_FSYNC_MICROS || sharing_tenths < LONE_WRITES_TENTHS {
             self.on_thread = false;
         }
         if self.on_thread != was {
             let place = if self.on_thread { "its own thread" } else { "the Raft thread" };
+            let sharing = sharing_tenths as f64 / 10.0;
             tracing::info!(
                 mean_micros,
-                "the log's fsyncs average {mean_micros} µs: syncing on {place}"
+                sharing,
+                "the log's fsyncs average {mean_micros} µs, shared by {sharing} writes or \
+                 requests each: syncing on {place}"
             );
         }
         self.on_thread
@@ -121,16 +152,27 @@ impl LogSyncer {
             .name(format!("cairn-sync-{name}"))
             .spawn(move || run(&rx, &reports, &failed))?;
         let auto = (mode == LogSync::Auto).then(|| AutoPolicy::new(Instant::now()));
-        Ok(LogSyncer { tx, segment: None, auto, failure })
+        Ok(LogSyncer { tx, segment: None, auto, requests: (0, 0), failure })
     }
 
     /// Whether this turn's writes are synced on the thread (else on the driver's, as they
     /// are written). [`LogSync::Auto`] decides by the log's recent fsyncs (`fsyncs`, timed on
-    /// both threads): see [`AutoPolicy`].
-    pub(crate) fn on_thread(&mut self, fsyncs: &DiskHistogram) -> bool {
+    /// both threads) and writes (`writes`, the replica's totals): see [`AutoPolicy`].
+    pub(crate) fn on_thread(&mut self, fsyncs: &DiskHistogram, writes: (u64, u64)) -> bool {
+        let requests = self.requests;
         match &mut self.auto {
             None => true,
-            Some(policy) => policy.decide(fsyncs.totals(), Instant::now),
+            Some(policy) => {
+                policy.decide(Totals { fsyncs: fsyncs.totals(), writes, requests }, Instant::now)
+            }
+        }
+    }
+
+    /// A turn took `n` requests of clients (writes, reads, lease renewals).
+    pub(crate) fn took_requests(&mut self, n: usize) {
+        if n > 0 {
+            self.requests.0 += 1;
+            self.requests.1 += n as u64;
         }
     }
 
@@ -224,9 +266,14 @@ mod tests {
         assert!(tx.send(Request { write: 3, file: None }).is_err(), "and takes no more");
     }
 
-    /// Totals after `n` more fsyncs of `micros` each.
-    fn more(totals: (u64, u64), n: u64, micros: u64) -> (u64, u64) {
-        (totals.0 + n, totals.1 + n * micros * 1000)
+    /// Totals after `n` more fsyncs of `micros` each, and as many writes of `per_write`
+    /// entries each.
+    fn more(t: Totals, n: u64, micros: u64, per_write: u64) -> Totals {
+        Totals {
+            fsyncs: (t.fsyncs.0 + n, t.fsyncs.1 + n * micros * 1000),
+            writes: (t.writes.0 + n, t.writes.1 + n * per_write),
+            requests: (t.requests.0 + n, t.requests.1 + n),
+        }
     }
 
     #[test]
@@ -234,17 +281,43 @@ mod tests {
         let t0 = Instant::now();
         let sec = |n: u64| t0 + Duration::from_secs(n);
         let mut p = AutoPolicy::new(t0);
-        let mut totals = (0, 0);
-        totals = more(totals, 100, 150);
-        assert!(!p.decide(totals, || sec(1)), "fast fsyncs stay inline");
-        totals = more(totals, 100, 900);
-        assert!(!p.decide(totals, || sec(1) + Duration::from_millis(500)), "within a second");
-        assert!(p.decide(totals, || sec(2)), "slow fsyncs move to the thread");
-        totals = more(totals, 100, 400);
-        assert!(p.decide(totals, || sec(3)), "between the two bounds, it stays");
-        totals = more(totals, 10, 100);
-        assert!(p.decide(totals, || sec(4)), "too few fsyncs to judge");
-        totals = more(totals, 10, 100);
-        assert!(!p.decide(totals, || sec(5)), "fast again: back inline");
+        let mut t = Totals::default();
+        t = more(t, 100, 150, 8);
+        assert!(!p.decide(t, || sec(1)), "fast fsyncs stay inline");
+        t = more(t, 100, 900, 8);
+        assert!(!p.decide(t, || sec(1) + Duration::from_millis(500)), "within a second");
+        assert!(p.decide(t, || sec(2)), "slow fsyncs move to the thread");
+        t = more(t, 100, 400, 8);
+        assert!(p.decide(t, || sec(3)), "between the two bounds, it stays");
+        t = more(t, 10, 100, 8);
+        assert!(p.decide(t, || sec(4)), "too few fsyncs to judge");
+        t = more(t, 10, 100, 8);
+        assert!(!p.decide(t, || sec(5)), "fast again: back inline");
+    }
+
+    /// One client's puts are written one by one: however slow the disk, nothing waits behind
+    /// a sync, and the thread's hand-offs would only add to each put.
+    #[test]
+    fn auto_keeps_a_lone_writer_inline_however_slow_its_fsyncs() {
+        let t0 = Instant::now();
+        let sec = |n: u64| t0 + Duration::from_secs(n);
+        let mut p = AutoPolicy::new(t0);
+        let mut t = Totals::default();
+        t = more(t, 100, 900, 1);
+        assert!(!p.decide(t, || sec(1)), "one entry per write stays inline");
+        // Heartbeats and votes alone: fsyncs but no write with entries.
+        t.fsyncs = (t.fsyncs.0 + 100, t.fsyncs.1 + 100 * 900_000);
+        assert!(!p.decide(t, || sec(2)), "no entries written: nobody waits");
+        t = more(t, 100, 900, 3);
+        assert!(p.decide(t, || sec(3)), "writers sharing slow fsyncs move to the thread");
+        t = more(t, 70, 900, 1);
+        t = more(t, 30, 900, 2);
+        assert!(p.decide(t, || sec(4)), "1.3 entries a write, above 1.2: it stays");
+        t = more(t, 100, 900, 1);
+        assert!(!p.decide(t, || sec(5)), "a lone writer again: back inline");
+        // One writer, and readers whose requests wait behind each inline sync.
+        t = more(t, 100, 900, 1);
+        t.requests.1 += 400;
+        assert!(p.decide(t, || sec(6)), "reads sharing the turns move it to the thread");
     }
 }

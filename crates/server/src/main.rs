@@ -115,8 +115,9 @@ struct ServeArgs {
     /// goes on), `async` (batches fsynced on a thread of their own while the member goes on
     /// taking, sending and applying, as etcd raft's asynchronous storage writes;
     /// acknowledgements still wait for the fsync), or `auto` (the default: async once the
-    /// disk's fsyncs average 500 µs or more over a second, inline again under 300 µs). All are
-    /// equally durable (cairn's own).
+    /// disk's fsyncs average 500 µs or more over a second while several writes or requests
+    /// share each, inline again under 300 µs or for a lone writer). All are equally durable
+    /// (cairn's own).
     #[arg(long, default_value = "auto", value_parser = ["auto", "async", "inline"])]
     log_sync: String,
     /// A deliberate bug, to prove the fault tests catch it (builds with `planted-bugs` only).

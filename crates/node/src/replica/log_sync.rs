@@ -36,6 +36,10 @@ pub(super) struct Syncs {
     /// The commit index the log holds durably: what a restart recovers at least
     /// (`store_batches.rs` holds the store's batches to it).
     pub(super) commit_synced: LogIndex,
+    /// Writes to the log that carried entries, and the entries they carried, since the start:
+    /// how many writers share each write ([`Replica::log_write_totals`]).
+    entry_writes: u64,
+    entries_written: u64,
 }
 
 /// A write to the log not yet known durable.
@@ -60,6 +64,8 @@ impl Default for Syncs {
             held: VecDeque::new(),
             commit_written: LogIndex::ZERO,
             commit_synced: LogIndex::ZERO,
+            entry_writes: 0,
+            entries_written: 0,
         }
     }
 }
@@ -95,6 +101,13 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
     /// Either is safe at any moment; the default is to leave them.
     pub fn set_sync_later(&mut self, later: bool) {
         self.syncs.sync_later = later;
+    }
+
+    /// The log's writes that carried entries, and the entries they carried, since the start.
+    /// Entries per write tell how many writers share each write (and its fsync): one for a
+    /// single client's puts, more as clients wait behind one another.
+    pub fn log_write_totals(&self) -> (u64, u64) {
+        (self.syncs.entry_writes, self.syncs.entries_written)
     }
 
     /// Syncs the log on this thread and reports it ([`super::Work::log_sync`]): every write so far is
@@ -217,6 +230,10 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         self.wal.append(&entries, hard_state.as_ref())?;
         if let Some(hs) = &hard_state {
             self.syncs.commit_written = hs.commit;
+        }
+        if !entries.is_empty() {
+            self.syncs.entry_writes += 1;
+            self.syncs.entries_written += entries.len() as u64;
         }
         if self.cfg.observe && !entries.is_empty() {
             let first = entries[0].index;
