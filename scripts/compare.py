@@ -127,15 +127,25 @@ def quorum_fdatasync_latency(members, rounds=300):
     return {"p50_us": round(lat[rounds // 2]), "p99_us": round(lat[rounds * 99 // 100])}
 
 
-def replicated_floor(members, total=3000):
-    """The end-to-end floor of a 1-client put on `members` members sharing this machine: the
-    `replicated_floor` example (crates/bench/examples) runs a client, a leader and followers as
-    plain threads over loopback TCP, each fdatasyncing a preallocated log file, the leader
-    answering at a quorum. Built here if needed; None if it cannot be built or run."""
+def build_replicated_floor():
+    """Builds the `replicated_floor` example (crates/bench/examples); its path, or None."""
     try:
         subprocess.run(["cargo", "build", "--release", "-q", "-p", "cairn-bench", "--example", "replicated_floor"],
                        cwd=ROOT, check=True, timeout=900, capture_output=True)
-        binary = os.path.join(locate.target_dir(), "release", "examples", "replicated_floor")
+    except (OSError, subprocess.SubprocessError) as e:
+        print(f"replicated floor: not built ({e})", file=sys.stderr)
+        return None
+    return os.path.join(locate.target_dir(), "release", "examples", "replicated_floor")
+
+
+def replicated_floor(binary, members, total=3000):
+    """The end-to-end floor of a 1-client put on `members` members sharing this machine: the
+    example runs a client, a leader and followers as plain threads over loopback TCP, each
+    fdatasyncing a preallocated log file, the leader answering at a quorum. None if it cannot
+    be run."""
+    if binary is None:
+        return None
+    try:
         out = subprocess.run([binary, str(members), str(total), ROOT], capture_output=True, text=True,
                              timeout=300, check=True)
         return json.loads(out.stdout)
@@ -269,6 +279,16 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
+def row_prefixes(a):
+    """--rows: comma-separated prefixes of row ids (e.g. W1,LS or C-W1,C-R-l); none means every row."""
+    return [p.strip() for p in (a.rows or "").split(",") if p.strip()]
+
+
+def row_wanted(a, row):
+    prefixes = row_prefixes(a)
+    return not prefixes or any(row.startswith(p) for p in prefixes)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="1 round, totals / 20: a test of the runner")
@@ -288,8 +308,8 @@ def main():
     etcd_version = subprocess.run([etcd, "--version"], capture_output=True, text=True).stdout.split("\n")[0]
     if a.members > 1:
         return run_cluster(a, etcd, etcd_version)
-    prefixes = [p.strip() for p in (a.rows or "").split(",") if p.strip()]
-    wanted = lambda row: not prefixes or any(row.startswith(p) for p in prefixes)
+    prefixes = row_prefixes(a)
+    wanted = lambda row: row_wanted(a, row)
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before = fdatasync_latency()
     results = {}  # (row, system) -> list of result dicts
@@ -705,12 +725,6 @@ LEASE_ROWS = [(row.replace("C-R-l", "C-R-lease"), where, args) for row, where, a
               if row.startswith("C-R-l ")]
 
 
-def cluster_row_wanted(a, row):
-    """--rows names prefixes of row ids (e.g. C-W1,C-R-l); none means every row."""
-    prefixes = [p.strip() for p in (a.rows or "").split(",") if p.strip()]
-    return not prefixes or any(row.startswith(p) for p in prefixes)
-
-
 def run_system_round(a, r, system, binary, work, results, rtt, resources):
     n = a.members
     extra = ["--read-mode", "lease"] if system == "cairn-lease" else []
@@ -720,7 +734,7 @@ def run_system_round(a, r, system, binary, work, results, rtt, resources):
         subprocess.run([CAIRN, "bench", "--endpoints", ",".join(cl.endpoints), "--target-leader",
                         "--total", "1", "put"], capture_output=True, timeout=60)
         for row, where, args in (LEASE_ROWS if system == "cairn-lease" else CLUSTER_MATRIX):
-            if not cluster_row_wanted(a, row):
+            if not row_wanted(a, row):
                 continue
             res = measured_cpu(cl, lambda: (bench_leader if where == "leader" else bench_spread)(
                 cl.endpoints, args, a.quick))
@@ -747,14 +761,15 @@ def run_cluster(a, etcd, etcd_version):
     work = tempfile.mkdtemp(prefix="cairn-compare-")
     fs_before, tcp = fdatasync_latency(), tcp_round_trip()
     fs_before["quorum"] = quorum_fdatasync_latency(n)
-    fs_before["replicated"] = replicated_floor(n)
+    floor_bin = build_replicated_floor()
+    fs_before["replicated"] = replicated_floor(floor_bin, n)
     results, rtt = {}, {}  # (row, system) -> list of result dicts; system -> list of results
     resources = {"etcd": [], "cairn": []}
     t0 = time.time()
     try:
         for r in range(rounds):
             order = ["etcd", "cairn", "cairn-lease"] if r % 2 == 0 else ["cairn-lease", "cairn", "etcd"]
-            if not any(cluster_row_wanted(a, row) for row, _, _ in LEASE_ROWS):
+            if not any(row_wanted(a, row) for row, _, _ in LEASE_ROWS):
                 order.remove("cairn-lease")
             for system in order:
                 run_system_round(a, r, system, etcd if system == "etcd" else CAIRN, work, results, rtt, resources)
@@ -763,7 +778,7 @@ def run_cluster(a, etcd, etcd_version):
     print(f"matrix took {time.time() - t0:.0f} s", file=sys.stderr)
     fs_after = fdatasync_latency()
     fs_after["quorum"] = quorum_fdatasync_latency(n)
-    fs_after["replicated"] = replicated_floor(n)
+    fs_after["replicated"] = replicated_floor(floor_bin, n)
     write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, etcd, etcd_version, rounds)
 
 
@@ -825,7 +840,7 @@ def write_cluster_report(a, results, rtt, resources, fs_before, fs_after, tcp, e
     floor = lambda s: f"{cores * 1e6 / s['cpu_us']:.0f}" if s and s.get("cpu_us") else "n/a"
     busy = lambda s: f"{100 * s['busy']:.0f}%" if s and "busy" in s else "n/a"
     for row, _, _ in CLUSTER_MATRIX + LEASE_ROWS:
-        if not cluster_row_wanted(a, row):
+        if not row_wanted(a, row):
             continue
         lease = row.startswith("C-R-lease")
         e = summarize(results, row.replace("C-R-lease", "C-R-l"), "etcd")

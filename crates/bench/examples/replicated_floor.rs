@@ -78,8 +78,8 @@ fn measure(members: usize, total: usize, dir: &Path) -> std::io::Result<(Vec<f64
         client.read_exact(&mut record[..ANSWER])?;
         lat.push(start.elapsed().as_secs_f64() * 1e6);
     }
-    // Closing the client ends the leader, whose closed connections end the followers.
     let elapsed = began.elapsed().as_secs_f64();
+    // Closing the client ends the leader, whose closed connections end the followers.
     drop(client);
     for t in threads {
         t.join().expect("a member thread panicked")?;
