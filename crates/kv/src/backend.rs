@@ -251,6 +251,12 @@ pub struct WriteBatch {
     /// The whole auth store ([`crate::auth::AuthState::encode`]), replacing what was stored.
     pub auth: Option<Vec<u8>>,
     pub meta: Option<Meta>,
+    /// The consensus snapshot the contents were installed from (its index, term and
+    /// configuration, encoded by the caller: this crate does not read it), replacing what was
+    /// stored; `None`: unchanged by a commit, none by a replace. Stored in the install's own
+    /// atomic write, it lets the replica finish recording an install that a crash interrupted
+    /// after the store took the image and before the log recorded it.
+    pub installed_from: Option<Vec<u8>>,
 }
 
 /// The raised alarms as stored: `(member u64 | type u8)*` (big endian), in order.
@@ -320,6 +326,8 @@ pub trait BackendView {
     fn alarms(&self) -> Result<BTreeSet<AlarmMember>, BackendError>;
     /// The encoded auth store, if one was ever stored.
     fn auth(&self) -> Result<Option<Vec<u8>>, BackendError>;
+    /// [`WriteBatch::installed_from`] as last stored, if the contents came from an install.
+    fn installed_from(&self) -> Result<Option<Vec<u8>>, BackendError>;
 }
 
 /// Durable storage of the history. One writer (the apply path) and many readers.
@@ -330,8 +338,8 @@ pub trait Backend: Send + Sync {
     fn view(&self) -> Result<Self::View<'_>, BackendError>;
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Replaces the whole history with `batch.puts`, every member's attributes with
-    /// `batch.members`, every lease with `batch.leases` and the auth store with `batch.auth`
-    /// (none: no store), and sets `batch.alarms` and `batch.meta` (those that are given),
+    /// `batch.members`, every lease with `batch.leases`, the auth store with `batch.auth`
+    /// (none: no store) and the install's origin with `batch.installed_from`, and sets `batch.alarms` and `batch.meta` (those that are given),
     /// atomically: a reader or a crash sees the old contents or the new, never a mix.
     /// `batch.deletes` has nothing left to delete and is ignored.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
@@ -411,6 +419,7 @@ struct MemState {
     alarms: Vec<u8>,
     auth: Option<Vec<u8>>,
     meta: Meta,
+    installed_from: Option<Vec<u8>>,
 }
 
 /// A snapshot of a [`MemBackend`] (a copy: fine for tests).
@@ -449,6 +458,9 @@ impl Backend for MemBackend {
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
+        if batch.installed_from.is_some() {
+            s.installed_from = batch.installed_from;
+        }
         Ok(())
     }
 
@@ -465,6 +477,7 @@ impl Backend for MemBackend {
         if let Some(meta) = batch.meta {
             s.meta = meta;
         }
+        s.installed_from = batch.installed_from;
         Ok(())
     }
 
@@ -512,6 +525,10 @@ impl BackendView for MemView {
     }
     fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
         Ok(self.0.auth.clone())
+    }
+
+    fn installed_from(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.installed_from.clone())
     }
 }
 

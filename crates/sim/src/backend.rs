@@ -26,6 +26,7 @@ struct State {
     alarms: Vec<u8>,
     auth: Option<Vec<u8>>,
     meta: Meta,
+    installed_from: Option<Vec<u8>>,
 }
 
 /// How to undo the last commit, while its meta page is not durable.
@@ -40,6 +41,8 @@ enum Undo {
         /// The auth store before the commit, if the commit replaced it.
         auth: Option<Option<Vec<u8>>>,
         meta: Meta,
+        /// The install's origin before the commit, if the commit replaced it.
+        installed_from: Option<Option<Vec<u8>>>,
     },
     /// The commit replaced everything: restore the whole previous state.
     Whole(Arc<State>),
@@ -80,7 +83,7 @@ impl SimBackend {
         }
         match undo {
             Undo::Whole(previous) => disk.state = previous,
-            Undo::Changes { records, members, leases, alarms, auth, meta } => {
+            Undo::Changes { records, members, leases, alarms, auth, meta, installed_from } => {
                 let state = Arc::make_mut(&mut disk.state);
                 for (rev, old) in records {
                     match old {
@@ -103,6 +106,9 @@ impl SimBackend {
                 state.alarms = alarms;
                 if let Some(auth) = auth {
                     state.auth = auth;
+                }
+                if let Some(origin) = installed_from {
+                    state.installed_from = origin;
                 }
                 state.meta = meta;
             }
@@ -160,6 +166,7 @@ impl Backend for SimBackend {
             })
             .collect();
         let auth = batch.auth.map(|raw| state.auth.replace(raw));
+        let installed_from = batch.installed_from.map(|raw| state.installed_from.replace(raw));
         let old_meta = state.meta;
         let old_alarms = match batch.alarms {
             Some(alarms) => std::mem::replace(&mut state.alarms, alarms),
@@ -179,6 +186,7 @@ impl Backend for SimBackend {
             alarms: old_alarms,
             auth,
             meta: old_meta,
+            installed_from,
         });
         Ok(())
     }
@@ -194,7 +202,9 @@ impl Backend for SimBackend {
             batch.leases.into_iter().filter_map(|(id, raw)| raw.map(|raw| (id, raw))).collect();
         let meta = batch.meta.unwrap_or_default();
         let alarms = batch.alarms.unwrap_or_else(|| disk.state.alarms.clone());
-        let state = Arc::new(State { records, members, leases, alarms, auth: batch.auth, meta });
+        let (auth, installed_from) = (batch.auth, batch.installed_from);
+        let state =
+            Arc::new(State { records, members, leases, alarms, auth, meta, installed_from });
         let previous = std::mem::replace(&mut disk.state, state);
         disk.undo = Some(Undo::Whole(previous));
         Ok(())
@@ -245,5 +255,9 @@ impl BackendView for SimView {
     }
     fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
         Ok(self.0.auth.clone())
+    }
+
+    fn installed_from(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        Ok(self.0.installed_from.clone())
     }
 }

@@ -240,9 +240,14 @@ impl World {
         let lose_outbox = faults && self.rng.chance(0.00003 * self.opts.chaos);
         let m = self.members.get_mut(&id).expect("member");
         let Some(replica) = m.replica.as_mut() else { return Ok(()) };
-        if disk_fault {
+        // An install's two steps (the store takes the image, then the log records it) are where
+        // a crash leaves a store ahead of its log: the disk fails at the log's record there
+        // often enough for seeds to reach the recovery at open.
+        let install_fault =
+            faults && replica.has_snapshot_to_install() && self.rng.chance(0.02 * self.opts.chaos);
+        if disk_fault || install_fault {
             // The disk fails within the next few operations: the replica must stop.
-            m.disk.fail_after(self.rng.between(0, 4));
+            m.disk.fail_after(if install_fault { 0 } else { self.rng.between(0, 4) });
             self.stats.disk_faults += 1;
         }
         // Under asynchronous writes a driver may sync some turns inline (`LogSync::Auto`

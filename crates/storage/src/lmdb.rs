@@ -32,6 +32,9 @@ const META_KEY: &[u8] = b"meta";
 const ALARMS_KEY: &[u8] = b"alarms";
 /// The encoded auth store, beside the meta record: small, and always replaced whole.
 const AUTH_KEY: &[u8] = b"auth";
+/// [`WriteBatch::installed_from`]: written only by an install, in its copy, so it exists only
+/// in a database that came from one.
+const INSTALLED_FROM_KEY: &[u8] = b"installed-from";
 
 /// An LMDB failure: what was being done, and where (the directory for a failure to open, the
 /// database file for a failed write).
@@ -199,6 +202,9 @@ impl Handles {
         }
         if let Some(m) = &batch.meta {
             self.meta.put(wtxn, META_KEY, &encode_meta(m)).map_err(err("put meta"))?;
+        }
+        if let Some(origin) = &batch.installed_from {
+            self.meta.put(wtxn, INSTALLED_FROM_KEY, origin).map_err(err("put install origin"))?;
         }
         Ok(())
     }
@@ -414,6 +420,12 @@ impl BackendView for LmdbView {
     }
     fn auth(&self) -> Result<Option<Vec<u8>>, BackendError> {
         let raw = self.h.meta.get(&self.txn, AUTH_KEY).map_err(err("get auth"))?;
+        Ok(raw.map(<[u8]>::to_vec))
+    }
+
+    fn installed_from(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        let raw =
+            self.h.meta.get(&self.txn, INSTALLED_FROM_KEY).map_err(err("get install origin"))?;
         Ok(raw.map(<[u8]>::to_vec))
     }
 

@@ -129,6 +129,19 @@ impl<B: Backend> Store<B> {
         r: impl snapshot::ImageReader,
         len: u64,
     ) -> Result<ImageMeta, InstallError> {
+        self.install_recorded(r, len, None)
+    }
+
+    /// [`Store::install_from`], storing `origin` (what the image is a snapshot of, in the
+    /// caller's encoding) in the same atomic write as the image: a store that holds the image
+    /// says where it came from ([`Store::installed_from`]) even if the caller's own record of
+    /// the install never happened.
+    pub fn install_recorded(
+        &self,
+        r: impl snapshot::ImageReader,
+        len: u64,
+        origin: Option<Vec<u8>>,
+    ) -> Result<ImageMeta, InstallError> {
         let mut replacement = self.backend.begin_replace().map_err(InstallError::Backend)?;
         let mut index = Index::default();
         let image = snapshot::read_stream(r, len, &mut |rev, record, raw| {
@@ -136,7 +149,13 @@ impl<B: Backend> Store<B> {
             index.push(record.key.clone(), IndexEntry::of(rev, &record));
             Ok(())
         })?;
-        self.swap_in(replacement, index, image)
+        self.swap_in(replacement, index, image, origin)
+    }
+
+    /// The origin stored by the last [`Store::install_recorded`], if the contents came from one
+    /// (any later install without an origin clears it).
+    pub fn installed_from(&self) -> Result<Option<Vec<u8>>, BackendError> {
+        self.backend.view()?.installed_from()
     }
 
     /// [`Store::install`] of an image already decoded (and so verified).
@@ -147,7 +166,7 @@ impl<B: Backend> Store<B> {
             replacement.put(rev, &record.encode()).map_err(InstallError::Backend)?;
             index.push(record.key.clone(), IndexEntry::of(rev, &record));
         }
-        self.swap_in(replacement, index, image)
+        self.swap_in(replacement, index, image, None)
     }
 
     /// Completes an install: the image's other sections go to the replacement, which is then
@@ -157,6 +176,7 @@ impl<B: Backend> Store<B> {
         mut replacement: Box<dyn Replacement + '_>,
         index: Index,
         image: snapshot::Image,
+        installed_from: Option<Vec<u8>>,
     ) -> Result<ImageMeta, InstallError> {
         let header = image.meta();
         let meta = Meta {
@@ -177,6 +197,7 @@ impl<B: Backend> Store<B> {
             alarms: Some(crate::backend::encode_alarms(&alarms)),
             members: members.iter().map(|(id, a)| (*id, a.encode())).collect(),
             leases: leases.values().map(|l| (l.id, Some(encode_lease(l)))).collect(),
+            installed_from,
             ..WriteBatch::default()
         };
         replacement.prepare(rest).map_err(InstallError::Backend)?;

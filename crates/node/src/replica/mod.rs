@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use cairn_kv::backend::Backend;
+use cairn_kv::backend::{Backend, BackendError};
 use cairn_kv::{CommandResponse, Prepared, Store};
 use cairn_raft::{
     ConfChange, ConfState, Entry, LogIndex, Message, NodeId, Persisted, ProposeError, Raft, Role,
@@ -265,7 +265,11 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         bootstrap: Bootstrap,
         now_micros: u64,
     ) -> Result<Replica<D, B, T>, OpenError> {
-        let (wal, persisted, compacted) = open_log(&cfg, dir, wal_opts, bootstrap)?;
+        let (mut wal, mut persisted, mut compacted) = open_log(&cfg, dir, wal_opts, bootstrap)?;
+        if let Some(meta) = unrecorded_install(&store, &persisted)? {
+            finish_install(&mut wal, &mut persisted, &meta)?;
+            compacted = meta.index;
+        }
         let hs = persisted.hard_state;
         let id = cfg.raft.id;
         let raft = Raft::new(cfg.raft.clone(), persisted).map_err(OpenError::Raft)?;
@@ -684,6 +688,46 @@ fn open_log<D: Dir>(
     };
     wal.sync().map_err(wal_err)?;
     Ok((wal, persisted, compacted))
+}
+
+/// The snapshot the store was installed from, if the log never recorded that install: a crash
+/// came between the store's install and the log's record of it (`snapshot.rs`). The store
+/// records the snapshot's metadata in the install's own atomic write; the install is unrecorded
+/// if the store still holds exactly that image (it has applied nothing since) and the log
+/// neither holds the snapshot's entry nor is compacted to it or past it. The core installs a
+/// snapshot only when its log does not hold that entry, so every entry the log does hold is
+/// either covered by the snapshot or conflicts with it: none is lost by recording the install.
+fn unrecorded_install<B: Backend>(
+    store: &Store<B>,
+    persisted: &Persisted,
+) -> Result<Option<SnapshotMeta>, OpenError> {
+    let Some(raw) = store.installed_from().map_err(OpenError::Backend)? else { return Ok(None) };
+    let meta = cairn_storage::codec::decode_snapshot_meta(&raw)
+        .map_err(|_| OpenError::Backend(BackendError::Corrupt("bad snapshot origin record")))?;
+    let recorded = persisted.snapshot.meta.index >= meta.index
+        || persisted.entries.iter().any(|e| e.index == meta.index && e.term == meta.term);
+    Ok((!recorded && store.applied_index() == meta.index.0).then_some(meta))
+}
+
+/// Records in the log the install [`unrecorded_install`] found, durably, as the interrupted
+/// install would have, and starts the core from it.
+fn finish_install<D: Dir>(
+    wal: &mut Wal<D>,
+    persisted: &mut Persisted,
+    meta: &SnapshotMeta,
+) -> Result<(), OpenError> {
+    let wal_err = |e| OpenError::Wal(Arc::new(e));
+    tracing::warn!(
+        index = meta.index.0,
+        term = meta.term.0,
+        "the store holds a snapshot the log did not record (a crash came between the two): \
+         recording it"
+    );
+    wal.install_snapshot(meta).map_err(wal_err)?;
+    wal.sync().map_err(wal_err)?;
+    persisted.snapshot = cairn_raft::Snapshot { meta: meta.clone(), data: Bytes::new() };
+    persisted.entries.clear();
+    Ok(())
 }
 
 /// Decodes a committed entry's command, naming the entry if it does not decode.

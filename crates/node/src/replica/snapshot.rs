@@ -16,10 +16,13 @@
 //!
 //! A received image (or its file) is kept aside and the core sees the message without it. When
 //! the core asks to install the snapshot, the store replaces its contents with the image
-//! atomically and durably first, and only then does the log record the install
-//! (`Wal::install_snapshot`): a crash before the store's commit leaves the old state, a crash
-//! between the two leaves a store ahead of its log, which replay handles (the store skips
-//! entries it holds), and a crash after leaves the new state. The file goes last: one left by a
+//! atomically and durably first, together with the snapshot's metadata, and only then does the
+//! log record the install (`Wal::install_snapshot`): a crash before the store's commit leaves the
+//! old state, and a crash after either leaves the new state. After a crash between the two the
+//! store holds the image and says which snapshot it is, and the next open records the install
+//! in the log before anything else (`finish_install` in `mod.rs`): without that record the
+//! member's core would start behind its own store, unable to make a snapshot of it for anyone
+//! until a leader's commit index passed it. The file goes last: one left by a
 //! crash is removed when the transport starts, as the core no longer knows its message.
 
 use cairn_kv::backend::Backend;
@@ -54,10 +57,9 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
 
     /// The store's state at the applied index, as a snapshot; `None` while the store is ahead
     /// of the core's applied index, when no configuration for the store's index is known. After
-    /// a restart replay brings the core to the store at once (`store_batches.rs` keeps the
-    /// store's durable index within the log's durable commit index), except after a crash
-    /// between a snapshot's install in the store and its record in the log: such a member
-    /// follows until a leader's commit index passes its store.
+    /// a restart replay brings the core to the store at once: `store_batches.rs` keeps the
+    /// store's durable index within the log's durable commit index, and an install the log did
+    /// not record is recorded at open.
     fn store_snapshot(&mut self) -> Result<Option<Snapshot>, StorageError> {
         // Every earlier Ready is applied and advanced, so the core's configuration is the one
         // as of its applied index.
@@ -123,6 +125,12 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
         Some(msg)
     }
 
+    /// Whether a received snapshot waits for the next [`Replica::process`] to install it (the
+    /// simulator aims disk faults at installs with it).
+    pub fn has_snapshot_to_install(&self) -> bool {
+        self.incoming_image.is_some()
+    }
+
     /// Lets go of a received image the core did not install, removing its file.
     pub(super) fn drop_incoming_image(&mut self) {
         if let Some((_, data)) = self.incoming_image.take() {
@@ -148,17 +156,23 @@ impl<D: Dir, B: Backend, T> Replica<D, B, T> {
             }
             None => return Err(missing()),
         };
+        // The store keeps the snapshot's metadata with the image, so that a crash before the
+        // log's record below is finished at the next open (`finish_install`).
+        let mut origin = Vec::new();
+        cairn_storage::codec::encode_snapshot_meta(meta, &mut origin);
+        let origin = Some(origin);
         // From the file it was received into, read piece by piece: never whole in memory.
         let (installed, file) = match self.cfg.images.as_ref().and_then(|m| m.open_received(&data))
         {
             Some(opened) => {
                 let (reader, len) = opened.map_err(|_| missing())?;
-                (self.store.install_from(reader, len), Some(data))
+                (self.store.install_recorded(reader, len, origin), Some(data))
             }
             None if data.is_empty() && self.cfg.has_bug(Bug::EmptySnapshot) => {
-                (self.store.install(&cairn_kv::snapshot::empty_image(meta.index.0)), None)
+                let image = cairn_kv::snapshot::empty_image(meta.index.0);
+                (self.store.install_recorded(&image[..], image.len() as u64, origin), None)
             }
-            None => (self.store.install(&data), None),
+            None => (self.store.install_recorded(&data[..], data.len() as u64, origin), None),
         };
         let installed = installed.map_err(|e| StorageError::Snapshot(std::sync::Arc::new(e)))?;
         if installed.applied_index != meta.index.0 {

@@ -9,6 +9,7 @@ mod datadir;
 mod defrag;
 mod embedding;
 mod engine;
+mod install_crash;
 mod lease;
 mod lease_expiry;
 mod log_retention;

@@ -293,9 +293,10 @@ fn a_proposal_replaced_by_a_new_leaders_entry_is_answered_leader_changed() {
     assert!(got.unwrap().kvs.is_empty(), "the replaced proposal never applied");
 }
 
-#[test]
-fn a_member_cut_off_past_compaction_catches_up_from_a_snapshot_of_the_store() {
-    let mut net = Net::new(&[1, 2, 3], 5);
+/// Three members led by member 1, which compacts every `snapshot_entries` entries, after 40
+/// puts that member 3 was cut off from (it still is).
+pub(crate) fn member_3_cut_off_for_40_puts(snapshot_entries: u64) -> Net {
+    let mut net = Net::new(&[1, 2, 3], snapshot_entries);
     net.stabilize();
     net.elect(1);
     net.cut.insert(3);
@@ -303,6 +304,12 @@ fn a_member_cut_off_past_compaction_catches_up_from_a_snapshot_of_the_store() {
         net.get(1).propose(&put(&format!("k{i:02}"), &format!("v{i}")), i);
         net.stabilize();
     }
+    net
+}
+
+#[test]
+fn a_member_cut_off_past_compaction_catches_up_from_a_snapshot_of_the_store() {
+    let mut net = member_3_cut_off_for_40_puts(5);
     assert!(net.get(1).replica.compacted_index() > LogIndex(10), "the leader compacted its log");
     assert!(net.get(3).replica.store().current_revision() < Revision(5));
     net.cut.clear();

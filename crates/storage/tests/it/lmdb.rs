@@ -292,6 +292,28 @@ fn the_auth_store_survives_a_reopen_and_a_replace_sets_it() {
     std::fs::remove_dir_all(&dir).expect("clean up");
 }
 
+/// An install's origin is written in the install's own write, survives a reopen and later
+/// commits, and goes with the contents when a replace without one takes their place.
+#[test]
+fn an_installs_origin_comes_and_goes_with_the_contents() {
+    let dir = temp_dir("installed-from");
+    let origin = |b: &LmdbBackend| b.view().expect("view").installed_from().expect("origin");
+    {
+        let backend = LmdbBackend::open(&dir, 1 << 26).expect("open");
+        assert_eq!(origin(&backend), None, "a fresh database came from no install");
+        let batch = WriteBatch { installed_from: Some(b"42".to_vec()), ..WriteBatch::default() };
+        backend.replace(batch).expect("replace");
+        backend
+            .commit(WriteBatch { meta: Some(meta(3, 43)), ..WriteBatch::default() })
+            .expect("commit");
+    }
+    let backend = LmdbBackend::open(&dir, 1 << 26).expect("reopen");
+    assert_eq!(origin(&backend), Some(b"42".to_vec()));
+    backend.replace(WriteBatch::default()).expect("replace");
+    assert_eq!(origin(&backend), None, "contents from elsewhere");
+    std::fs::remove_dir_all(&dir).expect("clean up");
+}
+
 #[test]
 fn the_size_follows_the_file_through_commits_and_replaces() {
     let dir = temp_dir("size");
