@@ -7,6 +7,7 @@
 //! that says why, and nothing runs.
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -163,14 +164,34 @@ fn name_unimplemented(path: &str, resp: &mut Response) {
 /// Sends gRPC requests (see [`is_grpc`]) to `grpc` and everything else to `http`. While the
 /// engine is a learner, a gRPC call a learner does not serve is refused here
 /// ([`crate::learner`]).
-#[derive(Clone, Debug)]
+///
+/// The KV service, every request of the hot paths, is called directly (`kv`): through the
+/// router each call also paid axum's path match, a boxed service and three response wrappers,
+/// about 4% of a leader's CPU under 100 writing clients (perf, 2026-11-29).
+#[derive(Clone)]
 pub(crate) struct Dispatch {
     pub grpc: Router,
     pub http: Router,
     pub engine: Option<Arc<Engine>>,
+    /// The KV service, and the receive limit the router's layer applies to every service.
+    pub kv: Option<(KvService, usize)>,
 }
 
+impl std::fmt::Debug for Dispatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let limit = self.kv.as_ref().map(|(_, limit)| limit);
+        f.debug_struct("Dispatch").field("kv_limit", &limit).finish_non_exhaustive()
+    }
+}
+
+/// The etcd KV service as the router holds it.
+pub(crate) type KvService = cairn_proto::etcdserverpb::kv_server::KvServer<crate::services::Ctx>;
+
+/// The path prefix of the KV service's methods.
+const KV_PREFIX: &str = "/etcdserverpb.KV/";
+
 type RouteFuture = <Router as tower::Service<Request<Body>>>::Future;
+type KvFuture = <KvService as tower::Service<Request<Body>>>::Future;
 
 impl tower::Service<Request<Body>> for Dispatch {
     type Response = Response<Counted>;
@@ -193,9 +214,16 @@ impl tower::Service<Request<Body>> for Dispatch {
             }
             // A reference-counted clone: this runs on every call, unlike the naming.
             let grpc_path = req.uri().path_and_query().cloned();
-            Answer { route: Some(Box::pin(self.grpc.call(req))), refused: None, grpc_path, call }
+            let route = match &mut self.kv {
+                Some((kv, limit)) if path.starts_with(KV_PREFIX) => {
+                    let limit = *limit;
+                    Route::Kv(kv.call(req.map(|body| crate::grpc_limit::limit(body, limit))))
+                }
+                _ => Route::Routed(Box::pin(self.grpc.call(req))),
+            };
+            Answer { route: Some(route), refused: None, grpc_path, call }
         } else {
-            let route = Some(Box::pin(self.http.call(req)));
+            let route = Some(Route::Routed(Box::pin(self.http.call(req))));
             Answer { route, refused: None, grpc_path: None, call: None }
         }
     }
@@ -210,19 +238,38 @@ impl tower::Service<Request<Body>> for Dispatch {
 /// its body, and the call's state is freed once it answers.
 pub(crate) struct Answer {
     /// The routed call, or none for a call refused before routing (`refused`).
-    route: Option<std::pin::Pin<Box<RouteFuture>>>,
+    route: Option<Route>,
     refused: Option<Box<Response>>,
     grpc_path: Option<axum::http::uri::PathAndQuery>,
     call: Option<GrpcCall>,
 }
 
-impl std::future::Future for Answer {
+/// A call through a router, or to the KV service directly (its future is boxed already).
+enum Route {
+    Routed(std::pin::Pin<Box<RouteFuture>>),
+    Kv(KvFuture),
+}
+
+impl Route {
+    /// The call's response, as the router's gRPC layers leave it.
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<Response, Infallible>> {
+        match self {
+            Route::Routed(route) => route.as_mut().poll(cx),
+            Route::Kv(call) => call
+                .as_mut()
+                .poll(cx)
+                .map_ok(|resp| crate::large_response::send_encoded(resp.map(Body::new))),
+        }
+    }
+}
+
+impl Future for Answer {
     type Output = Result<Response<Counted>, Infallible>;
 
     fn poll(mut self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut resp = match (self.refused.take(), self.route.as_mut()) {
             (Some(refused), _) => *refused,
-            (None, Some(route)) => std::task::ready!(route.as_mut().poll(cx))?,
+            (None, Some(route)) => std::task::ready!(route.poll(cx))?,
             (None, None) => unreachable!("an answer is either routed or refused"),
         };
         if let Some(path) = self.grpc_path.take() {

@@ -320,8 +320,9 @@ async fn router(ctx: services::Ctx) -> http::Dispatch {
                 .accept_compressed(tonic::codec::CompressionEncoding::Gzip)
         };
     }
+    let kv = etcd_service!(pb::kv_server::KvServer::new(ctx.clone()));
     let routes = tonic::service::Routes::new(health_service)
-        .add_service(etcd_service!(pb::kv_server::KvServer::new(ctx.clone())))
+        .add_service(kv.clone())
         .add_service(etcd_service!(pb::maintenance_server::MaintenanceServer::new(ctx.clone())))
         .add_service(etcd_service!(pb::cluster_server::ClusterServer::new(ctx.clone())))
         .add_service(etcd_service!(
@@ -341,6 +342,7 @@ async fn router(ctx: services::Ctx) -> http::Dispatch {
         grpc: grpc_routes,
         http: http::routes(ctx.engine.clone()),
         engine: Some(ctx.engine.clone()),
+        kv: Some((kv, max_decode)),
     }
 }
 

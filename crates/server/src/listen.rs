@@ -199,7 +199,8 @@ mod tests {
                 format!("name={:?}", name.map(|n| n.0))
             }),
         );
-        let router = crate::http::Dispatch { grpc: axum::Router::new(), http, engine: None };
+        let router =
+            crate::http::Dispatch { grpc: axum::Router::new(), http, engine: None, kv: None };
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr");
         let (stop, stopped) = watch::channel(false);
