@@ -339,7 +339,8 @@ pub trait Backend: Send + Sync {
     fn commit(&self, batch: WriteBatch) -> Result<(), BackendError>;
     /// Replaces the whole history with `batch.puts`, every member's attributes with
     /// `batch.members`, every lease with `batch.leases`, the auth store with `batch.auth`
-    /// (none: no store) and the install's origin with `batch.installed_from`, and sets `batch.alarms` and `batch.meta` (those that are given),
+    /// (none: no store) and the install's origin with `batch.installed_from`, and sets
+    /// `batch.alarms` and `batch.meta` (those that are given),
     /// atomically: a reader or a crash sees the old contents or the new, never a mix.
     /// `batch.deletes` has nothing left to delete and is ignored.
     fn replace(&self, batch: WriteBatch) -> Result<(), BackendError>;
