@@ -645,14 +645,22 @@ mod tests {
         use clap::CommandFactory;
         let mut argv: Vec<std::ffi::OsString> = vec!["cairn".into()];
         argv.extend(args.iter().map(Into::into));
-        let file = std::env::temp_dir().join(format!("cairn-flags-{}.yaml", std::process::id()));
-        if let Some(yaml) = yaml {
+        // One file per call: the tests run in parallel in one process, so a name from the pid
+        // alone let one test remove the file another had just written.
+        static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let name = format!("cairn-flags-{}-{call}.yaml", std::process::id());
+        let file = yaml.map(|yaml| {
+            let file = std::env::temp_dir().join(name);
             std::fs::write(&file, yaml).expect("write the file");
             argv.push(format!("--config-file={}", file.display()).into());
-        }
+            file
+        });
         let known = known_flags(&Cli::command());
         let expanded = config_file::expand(argv, [], &known, cli::ETCD_FLAGS).expect("expands");
-        let _ = std::fs::remove_file(&file);
+        if let Some(file) = file {
+            let _ = std::fs::remove_file(file);
+        }
         let cli: Cli = cli::parse_from(expanded.args).expect("parses");
         serve_config(cli.serve).expect("a configuration").engine
     }
