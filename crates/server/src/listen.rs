@@ -45,10 +45,18 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 /// place under the connection cap).
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a stop waits for the open connections' streams to end before it closes the
+/// connections. A stop lets running calls finish, but a client can hold a stream open for as long
+/// as it likes (by not reading a snapshot or a large range, whose response then waits for flow
+/// control), and without a bound the member would never stop. etcd does the same: a graceful
+/// stop, then after its request timeout the transports are closed (`embed.stopServers`).
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// A client listener's TLS, for an `https://` URL.
 pub(crate) type Tls = Option<Arc<ServerTls>>;
 
-/// Serves `router` on `listener` until `stop` turns true, then lets open connections finish.
+/// Serves `router` on `listener` until `stop` turns true, then lets open connections finish for
+/// up to [`STOP_GRACE`] and closes those left.
 /// `max_streams` bounds the concurrent streams of one connection (etcd's
 /// `--max-concurrent-streams`): etcd clients put every call and watch on one connection, and
 /// hyper's default of 200 made the 201st stream (a watch, or a plain put) wait. A connection
@@ -69,7 +77,10 @@ pub(crate) async fn serve(
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_concurrent_streams(max_streams);
     let graceful = GracefulShutdown::new();
+    // Every connection's task, so that those still open after the grace can be ended.
+    let mut tasks = tokio::task::JoinSet::new();
     loop {
+        while tasks.try_join_next().is_some() {}
         let (tcp, addr) = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok(a) => a,
@@ -92,7 +103,7 @@ pub(crate) async fn serve(
                 watcher: graceful.watcher(),
                 stop: stop.clone(),
             };
-            tokio::spawn(serve_tls(tcp, addr, tls.clone(), stack, admitted));
+            tasks.spawn(serve_tls(tcp, addr, tls.clone(), stack, admitted));
             continue;
         }
         // Frames written together (see `Coalesced`); etcdctl 3.4 sends a URL as :authority,
@@ -102,12 +113,20 @@ pub(crate) async fn serve(
             router.clone().map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
         let conn = builder.serve_connection_with_upgrades(io, TowerToHyperService::new(service));
         let conn = graceful.watch(conn.into_owned());
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let _ = conn.await;
             drop(admitted);
         });
     }
-    graceful.shutdown().await;
+    if tokio::time::timeout(STOP_GRACE, graceful.shutdown()).await.is_err() {
+        while tasks.try_join_next().is_some() {}
+        tracing::warn!(
+            "closing {} client connections whose streams did not end within {STOP_GRACE:?} of \
+             the stop",
+            tasks.len()
+        );
+        tasks.shutdown().await;
+    }
 }
 
 /// What a TLS connection's task serves with, once its handshake is done.
@@ -219,5 +238,41 @@ mod tests {
         let stopped = tokio::time::timeout(Duration::from_secs(3), served).await;
         stopped.expect("the listener stops at once").expect("the listener's task");
         let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A response whose body never ends (as one that waits for a client that stopped reading)
+    /// holds a stop for [`STOP_GRACE`], no longer: then its connection is closed.
+    #[tokio::test]
+    async fn a_stream_that_never_ends_holds_a_stop_for_the_grace_only() {
+        let forever = || async {
+            let pending = tokio_stream::pending::<Result<axum::body::Bytes, std::io::Error>>();
+            let first = tokio_stream::once(Ok(axum::body::Bytes::from_static(b"first")));
+            Body::from_stream(tokio_stream::StreamExt::chain(first, pending))
+        };
+        let http = axum::Router::new().route("/forever", get(forever));
+        let router =
+            crate::http::Dispatch { grpc: axum::Router::new(), http, engine: None, kv: None };
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        let (stop, stopped) = watch::channel(false);
+        let served = tokio::spawn(serve(listener, router, stopped, 100, ConnLimit::new(8), None));
+        let mut client = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        client.write_all(b"GET /forever HTTP/1.1\r\nhost: localhost\r\n\r\n").await.expect("ask");
+        let mut answer = Vec::new();
+        while !answer.windows(5).any(|w| w == b"first") {
+            let mut buf = [0u8; 1024];
+            let n = client.read(&mut buf).await.expect("read");
+            assert!(n > 0, "the server closed before the body began");
+            answer.extend_from_slice(&buf[..n]);
+        }
+        let asked = std::time::Instant::now();
+        let _ = stop.send(true);
+        let stopped = tokio::time::timeout(STOP_GRACE + Duration::from_secs(5), served).await;
+        stopped.expect("the listener stops after the grace").expect("the listener's task");
+        assert!(asked.elapsed() >= STOP_GRACE, "the stop waited for the grace first");
+        // The connection is closed: the client reads its end.
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(5), client.read_to_end(&mut rest));
+        read.await.expect("the connection is closed").expect("read to the end");
     }
 }
