@@ -25,7 +25,7 @@ mod image;
 mod read;
 
 pub use events::History;
-pub use read::{RangeRead, KV_OVERHEAD_BYTES};
+pub use read::{Holding, RangeRead, KV_OVERHEAD_BYTES};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};

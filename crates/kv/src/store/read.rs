@@ -227,6 +227,20 @@ impl<B: Backend> Store<B> {
         step_keys: usize,
         step_bytes: u64,
     ) -> Result<(), KvError> {
+        self.range_step_holding(read, step_keys, step_bytes, &NoHolding)
+    }
+
+    /// [`Store::range_step`], calling `holding` just before the step takes the store's lock
+    /// and just after it gives it up (whatever the step's outcome).
+    pub fn range_step_holding(
+        &self,
+        read: &mut RangeRead,
+        step_keys: usize,
+        step_bytes: u64,
+        holding: &dyn Holding,
+    ) -> Result<(), KvError> {
+        holding.before();
+        let held = Held(holding);
         let inner = self.read();
         if inner.epoch != read.epoch {
             return Err(KvError::Interrupted);
@@ -245,10 +259,40 @@ impl<B: Backend> Store<B> {
                 // then holds up no write: only the index walk is done under the lock.
                 let view = self.backend.view()?;
                 drop(inner);
+                drop(held);
                 read_values(&view, read, taken)
             }
             Phase::Done => Ok(()),
         }
+    }
+}
+
+/// What a range step does around its hold of the store's lock
+/// ([`Store::range_step_holding`]). A writer waits for every reader that holds the lock, so a
+/// reader on a low-priority thread that loses its core inside a hold makes the writer wait until
+/// it gets one back: milliseconds on a busy machine. Such a reader can hold the lock at a
+/// normal priority instead.
+pub trait Holding {
+    /// Just before the step takes the lock.
+    fn before(&self);
+    /// Just after the step gives the lock up, or fails while holding it.
+    fn after(&self);
+}
+
+/// Nothing around the hold.
+struct NoHolding;
+
+impl Holding for NoHolding {
+    fn before(&self) {}
+    fn after(&self) {}
+}
+
+/// Calls [`Holding::after`] when dropped: on every way out of a hold.
+struct Held<'a>(&'a dyn Holding);
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.after();
     }
 }
 

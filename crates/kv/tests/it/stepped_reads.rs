@@ -186,3 +186,43 @@ fn a_held_compaction_is_no_work_until_the_read_ends() {
     a.run(&store, &Between::PhysicalCompaction);
     assert!(store.physically_compacted());
 }
+
+/// A step calls its `Holding` just before it takes the store's lock and just after it gives it
+/// up, on every way out: a planning step, a reading step, and one that fails.
+#[test]
+fn every_hold_is_bracketed_by_the_holdings_calls() {
+    #[derive(Default)]
+    struct Count(std::cell::Cell<(u32, u32)>);
+    impl cairn_kv::Holding for Count {
+        fn before(&self) {
+            let (b, a) = self.0.get();
+            assert_eq!(b, a, "no hold is entered twice");
+            self.0.set((b + 1, a));
+        }
+        fn after(&self) {
+            let (b, a) = self.0.get();
+            assert_eq!(b, a + 1, "after follows its before");
+            self.0.set((b, a + 1));
+        }
+    }
+    let store = Store::open(Shared::default()).expect("open");
+    for i in 0..20u64 {
+        let put = PutRequest { key: format!("k{i:02}").into(), ..PutRequest::default() };
+        store.apply(&[(i + 1, Some(&Command::Put(put)))]).expect("put");
+    }
+    let count = Count::default();
+    let mut read = store.range_begin(&RangeRequest::prefix("k"), 5, u64::MAX).expect("begin");
+    let mut steps = 0;
+    while !read.done() {
+        store.range_step_holding(&mut read, 5, u64::MAX, &count).expect("step");
+        steps += 1;
+    }
+    assert_eq!(read.finish().kvs.len(), 20);
+    assert_eq!(count.0.get(), (steps, steps));
+    let image = store.image().expect("image");
+    let mut read = store.range_begin(&RangeRequest::prefix("k"), 5, u64::MAX).expect("begin");
+    store.install(&image).expect("install");
+    let failed = store.range_step_holding(&mut read, 5, u64::MAX, &count);
+    assert_eq!(failed, Err(KvError::Interrupted));
+    assert_eq!(count.0.get(), (steps + 1, steps + 1), "the failed step gave its hold up too");
+}

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use cairn_kv::{KvError, RangeRead, RangeRequest, RangeResponse};
+use cairn_kv::{Holding, KvError, RangeRead, RangeRequest, RangeResponse};
 
 use super::Engine;
 use crate::error::EngineError;
@@ -95,13 +95,18 @@ impl Engine {
     }
 
     /// Finishes an unfinished plan from [`Engine::range_begin`], for a caller on a thread of
-    /// its own. The store's lock is given up between steps.
-    pub fn range_plan_blocking(&self, plan: RangePlan) -> Result<RangePlan, EngineError> {
+    /// its own. The store's lock is given up between steps; `holding` is called around each
+    /// hold (see [`Holding`]: a low-priority caller holds the lock at a normal priority).
+    pub fn range_plan_blocking(
+        &self,
+        plan: RangePlan,
+        holding: &dyn Holding,
+    ) -> Result<RangePlan, EngineError> {
         let RangePlan { mut read } = plan;
         let store = &self.shared.store;
         while !read.planned() {
             self.check_running()?;
-            store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
+            store.range_step_holding(&mut read, STEP_KEYS, STEP_BYTES, holding)?;
         }
         Ok(RangePlan { read })
     }
@@ -119,13 +124,18 @@ impl Engine {
     }
 
     /// [`Engine::range_read`] for a caller on a thread of its own (a blocking pool's): the same
-    /// steps, without yielding between them. The store's lock is still given up between steps.
-    pub fn range_read_blocking(&self, plan: RangePlan) -> Result<RangeResponse, EngineError> {
+    /// steps, without yielding between them. The store's lock is still given up between steps,
+    /// and `holding` is called around each hold, as in [`Engine::range_plan_blocking`].
+    pub fn range_read_blocking(
+        &self,
+        plan: RangePlan,
+        holding: &dyn Holding,
+    ) -> Result<RangeResponse, EngineError> {
         let RangePlan { mut read } = plan;
         let store = &self.shared.store;
         while !read.done() {
             self.check_running()?;
-            store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
+            store.range_step_holding(&mut read, STEP_KEYS, STEP_BYTES, holding)?;
         }
         Ok(read.finish())
     }
