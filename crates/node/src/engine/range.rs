@@ -16,13 +16,14 @@ use crate::error::EngineError;
 /// The largest range read whole at once, under one hold of the store's lock, on the caller's
 /// thread: most reads (a Kubernetes list page is 500 keys) take no step at all.
 const WHOLE_KEYS: usize = 1_000;
-/// Keys one step of a larger range walks or reads. Those steps run on the server's
-/// low-priority threads, and one that loses its core while it holds the lock holds up every
-/// write until it gets a core back: the shorter the hold, the rarer that is. With 4 clients
-/// each reading 100,000 keys in a loop, a 1-client put's p99 had a median of 7.6 ms over 7
-/// runs in steps of 1,000 keys, and 5.4 ms over 9 runs in steps of 50 or 100 (floor 4.1 ms);
+/// Keys one step of a larger range walks or reads: a writer waits for at most one step. With 4
+/// clients each reading 100,000 keys in a loop, a 1-client put's p99 had a median of 7.6 ms over
+/// 7 runs in steps of 1,000 keys, and 5.4 ms over 9 runs in steps of 50 or 100 (floor 4.1 ms);
 /// the ranges' own rate moved from 14.4 to 14.2 per second
-/// (bench/results/2026-11-28-large-ranges.md).
+/// (bench/results/2026-11-28-large-ranges.md). Steps of 20 keys did no better: the time a range
+/// holds the lock in all is the same, so a low-priority reader is preempted inside a hold as
+/// often. What ends that wait is the caller's [`Holding`], which holds the lock at a normal
+/// priority (bench/results/2026-11-29-large-ranges-lock.md).
 const STEP_KEYS: usize = 100;
 /// Bytes of values one reading step reads at most, and the largest answer read whole at once.
 const STEP_BYTES: u64 = 1 << 20;
