@@ -1,8 +1,8 @@
 //! The in-memory key index: for every key, the revisions at which it changed, with the metadata
 //! that Range needs without reading values (create revision, version, lease, deletion).
 
-use std::collections::BTreeMap;
 use std::ops::Bound;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
@@ -39,18 +39,29 @@ impl IndexEntry {
 }
 
 /// All keys' change histories.
-#[derive(Debug, Default)]
+///
+/// A persistent map: [`Index::snapshot`] is a copy in constant time that shares every node, and
+/// a change copies only the nodes (and the key's list of changes) that a snapshot still shares.
+/// So a large range walks a snapshot without the store's lock, and a write never waits for it
+/// (store/read.rs). Lookups and changes cost about what a `BTreeMap`'s do; a walk in key order
+/// about 1.5 times as much.
+#[derive(Clone, Debug, Default)]
 pub struct Index {
     /// Invariant: each list is non-empty and sorted by `rev`.
-    keys: BTreeMap<Bytes, Vec<IndexEntry>>,
+    keys: imbl::OrdMap<Bytes, Arc<Vec<IndexEntry>>>,
 }
 
 impl Index {
     /// Records a change; revisions must arrive in increasing order per key.
     pub fn push(&mut self, key: Bytes, entry: IndexEntry) {
-        let list = self.keys.entry(key).or_default();
+        let list = Arc::make_mut(self.keys.entry(key).or_default());
         debug_assert!(list.last().is_none_or(|e| e.rev < entry.rev));
         list.push(entry);
+    }
+
+    /// The index as it is now, unchanged by later changes to this one.
+    pub fn snapshot(&self) -> Index {
+        self.clone()
     }
 
     /// The key's state at `rev`: its last change at or before `rev`, unless that was a deletion.
@@ -90,7 +101,7 @@ impl Index {
             return;
         }
         let upper = range.end().map_or(Bound::Unbounded, |e| Bound::Excluded(e.as_ref()));
-        for (key, list) in self.keys.range::<[u8], _>((Bound::Included(lower), upper)) {
+        for (key, list) in self.keys.range::<_, [u8]>((Bound::Included(lower), upper)) {
             if let Some(e) = live_at(list, rev) {
                 if !visit(key, e) {
                     return;
@@ -119,15 +130,21 @@ impl Index {
         let start = from.map_or(Bound::Unbounded, Bound::Included);
         let keys: Vec<Bytes> = self
             .keys
-            .range::<Bytes, _>((start, Bound::Unbounded))
+            .range::<_, Bytes>((start, Bound::Unbounded))
             .take(max.saturating_add(1))
             .map(|(k, _)| k.clone())
             .collect();
         let resume = if keys.len() > max { keys.last().cloned() } else { None };
         let mut dropped = Vec::new();
         for k in keys.iter().take(max) {
-            let Some(list) = self.keys.get_mut(k) else { continue };
+            let Some(list) = self.keys.get(k) else { continue };
             let cut = compaction_cut(list, at);
+            if cut == 0 {
+                // Nothing to drop: a change would copy the nodes a snapshot shares for nothing.
+                continue;
+            }
+            let Some(list) = self.keys.get_mut(k) else { continue };
+            let list = Arc::make_mut(list);
             dropped.extend(list.drain(..cut).map(|e| e.rev));
             if list.is_empty() {
                 self.keys.remove(k);
@@ -174,4 +191,45 @@ pub(crate) fn live_at(list: &[IndexEntry], rev: Revision) -> Option<IndexEntry> 
     let n = list.partition_point(|e| e.rev.main <= rev);
     let e = *list.get(n.checked_sub(1)?)?;
     (!e.tombstone).then_some(e)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(main: i64, tombstone: bool) -> IndexEntry {
+        IndexEntry {
+            rev: RevisionId { main: Revision(main), sub: 0 },
+            create: Revision(1),
+            version: main,
+            lease: LeaseId(0),
+            tombstone,
+            value_len: 1,
+        }
+    }
+
+    fn all(index: &Index) -> Vec<(Bytes, Vec<IndexEntry>)> {
+        index.iter().map(|(k, list)| (k.clone(), list.to_vec())).collect()
+    }
+
+    /// A snapshot is the index as it was: changes, deletions and compactions of the index after
+    /// it do not reach it (a large range walks one without the store's lock).
+    #[test]
+    fn a_snapshot_is_unchanged_by_later_changes() {
+        let mut index = Index::default();
+        for (i, key) in ["a", "b", "c"].into_iter().enumerate() {
+            index.push(Bytes::from(key), entry(i as i64 + 1, false));
+        }
+        let snapshot = index.snapshot();
+        let before = all(&index);
+        index.push(Bytes::from("a"), entry(4, false));
+        index.push(Bytes::from("b"), entry(5, true));
+        index.push(Bytes::from("d"), entry(6, false));
+        let (dropped, _) = index.compact_some(Revision(6), None, usize::MAX);
+        assert_eq!(dropped.len(), 3, "a@1, and b's change and deletion");
+        assert_eq!(all(&snapshot), before);
+        assert_eq!(snapshot.get(b"b", Revision(6)).map(|e| e.version), Some(2));
+        assert_eq!(index.get(b"b", Revision(6)), None);
+        assert_eq!((snapshot.key_count(), index.key_count()), (3, 3));
+    }
 }
