@@ -37,7 +37,5 @@ pub use hash::KvHash;
 pub use image_stream::ImageStream;
 pub use snapshot::{ImageMeta, InstallError};
 #[doc(hidden)]
-pub use store::{
-    Applied, History, Holding, Outcome, Prepared, RangeRead, Store, KV_OVERHEAD_BYTES,
-};
+pub use store::{Applied, History, Outcome, Prepared, RangeRead, Store, KV_OVERHEAD_BYTES};
 pub use types::*;

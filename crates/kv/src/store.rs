@@ -25,10 +25,10 @@ mod image;
 mod read;
 
 pub use events::History;
-pub use read::{Holding, RangeRead, KV_OVERHEAD_BYTES};
+pub use read::{RangeRead, KV_OVERHEAD_BYTES};
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::auth::AuthState;
@@ -138,6 +138,9 @@ pub struct Store<B: Backend> {
     pins: Arc<read::Pins>,
     /// Whether the executed auth store is enabled: the one check a request makes when it is not.
     auth_enabled: AtomicBool,
+    /// `Inner::epoch`, readable without the lock: bumped before an install swaps the backend's
+    /// records, for reads that fill values without the lock (store/read.rs).
+    installs: AtomicU64,
 }
 
 /// One committed Raft entry for the store: its index, and its command if it carries one.
@@ -197,6 +200,7 @@ impl<B: Backend> Store<B> {
             writer: Mutex::new(()),
             pins: Arc::default(),
             auth_enabled,
+            installs: AtomicU64::new(0),
         })
     }
 

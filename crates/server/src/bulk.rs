@@ -7,14 +7,15 @@
 //! at a lower CPU priority (nice [`NICE`]), so the scheduler prefers the short tasks of small
 //! requests whenever both are ready; a range still gets the cores whenever nothing else wants
 //! them. There are as many threads as cores: more would only queue inside the kernel.
+//!
+//! A low priority is safe only because these threads hold nothing a put waits for: a large
+//! range walks a copy of the key index, not the index under the store's lock (cairn-kv's
+//! store/read.rs). When they walked it under the lock, one that lost its core inside a step
+//! made puts wait until it got one back (bench/results/2026-11-29-large-ranges-lock.md).
 
-use std::cell::Cell;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
-
-use cairn_kv::Holding;
 
 use tonic::Status;
 
@@ -78,54 +79,6 @@ impl BulkPool {
     }
 }
 
-thread_local! {
-    /// A pool thread's nice values: the server's own and its lower one.
-    static LEVELS: Cell<Option<(i32, i32)>> = const { Cell::new(None) };
-    /// Whether this thread runs at the server's priority for a hold of the store's lock.
-    static RAISED: Cell<bool> = const { Cell::new(false) };
-}
-
-/// Cleared once raising a pool thread's priority has been refused, so that it is tried (and
-/// its warning logged) once.
-static MAY_RAISE: AtomicBool = AtomicBool::new(true);
-
-/// Holds the store's lock at the server's own priority (see [`Holding`]). A pool thread walks
-/// the key index under the store's read lock, and the Raft thread waits for that lock to apply
-/// a put. At nice 19, a pool thread that lost its core inside a hold got it back only when the
-/// normal-priority threads left one: with 4 clients ranging 100,000 keys each, 1-3% of a
-/// 1-client put's requests waited 1-27 ms for the lock, which was its p99 (6.2 ms against
-/// 4.8 ms with the readers in another process; raised while holding, 4.8 ms:
-/// bench/results/2026-11-29-large-ranges-lock.md). Raising a priority needs `CAP_SYS_NICE` or
-/// an `RLIMIT_NICE` that allows it; without either, the thread stays low and a warning says so.
-#[derive(Debug)]
-pub(crate) struct AtServerPriority;
-
-impl Holding for AtServerPriority {
-    fn before(&self) {
-        let Some((own, _)) = LEVELS.get() else { return };
-        if !MAY_RAISE.load(Ordering::Relaxed) {
-            return;
-        }
-        match rustix::process::setpriority_process(None, own) {
-            Ok(()) => RAISED.set(true),
-            Err(e) if MAY_RAISE.swap(false, Ordering::Relaxed) => tracing::warn!(
-                "range threads cannot hold the store's lock at the server's priority ({e}; it \
-                 needs CAP_SYS_NICE or RLIMIT_NICE): a write may wait for a range thread that \
-                 lost its core"
-            ),
-            Err(_) => {}
-        }
-    }
-
-    fn after(&self) {
-        let Some((_, low)) = LEVELS.get() else { return };
-        if RAISED.replace(false) {
-            // Lowering one's own priority needs no privilege.
-            let _ = rustix::process::setpriority_process(None, low);
-        }
-    }
-}
-
 /// A pool thread: lowers its own priority, then runs jobs until the pool is dropped.
 fn work(queue: &Mutex<mpsc::Receiver<Job>>) {
     // On Linux the nice value is per thread; the `None` pid names the calling one. Relative
@@ -133,9 +86,8 @@ fn work(queue: &Mutex<mpsc::Receiver<Job>>) {
     // (an absolute value would raise them above it, as root may).
     let own = rustix::process::getpriority_process(None).unwrap_or(0);
     let low = (own + NICE).min(19);
-    match rustix::process::setpriority_process(None, low) {
-        Ok(()) => LEVELS.set(Some((own, low))),
-        Err(e) => tracing::warn!("range threads run at normal priority: setpriority failed: {e}"),
+    if let Err(e) = rustix::process::setpriority_process(None, low) {
+        tracing::warn!("range threads run at normal priority: setpriority failed: {e}");
     }
     loop {
         let job = match queue.lock() {
@@ -161,32 +113,5 @@ mod tests {
         let panicked = pool.run(|| -> u8 { panic!("a planted panic") }).await;
         assert!(panicked.expect_err("reported").message().contains("panicked"));
         assert_eq!(pool.run(|| 7).await.expect("the one thread still works"), 7);
-    }
-
-    /// A pool thread is at the server's priority between `before` and `after` (where raising is
-    /// allowed, as for root), and low again after.
-    #[tokio::test]
-    async fn a_pool_thread_holds_the_lock_at_the_servers_priority() {
-        let pool = BulkPool::start(1).expect("starts");
-        let own = rustix::process::getpriority_process(None).expect("own priority");
-        let low = (own + NICE).min(19);
-        let seen = pool
-            .run(|| {
-                let now = || rustix::process::getpriority_process(None).expect("priority");
-                let first = now();
-                AtServerPriority.before();
-                let held = now();
-                AtServerPriority.after();
-                (first, held, now())
-            })
-            .await
-            .expect("runs");
-        let may_raise = rustix::process::geteuid().is_root();
-        let held = if may_raise { own } else { low };
-        assert_eq!(seen, (low, held, low), "low, then raised while holding, then low");
-        // Off the pool, nothing changes.
-        AtServerPriority.before();
-        assert_eq!(rustix::process::getpriority_process(None).expect("priority"), own);
-        AtServerPriority.after();
     }
 }

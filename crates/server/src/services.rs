@@ -92,16 +92,13 @@ impl pb::kv_server::Kv for Ctx {
         // once its bytes fit in the budget, and they stay charged until the response is sent.
         let plan = match plan.is_planned() {
             true => plan,
-            false => {
-                let holding = &crate::bulk::AtServerPriority;
-                self.bulk(move |engine| engine.range_plan_blocking(plan, holding)).await?
-            }
+            false => self.bulk(move |engine| engine.range_plan_blocking(plan)).await?,
         };
         let charge = self.range_budget.charge(plan.bytes(), range_budget::MAX_WAIT).await?;
         let header = self.header();
         let encoded = self
             .bulk(move |engine| {
-                let r = engine.range_read_blocking(plan, &crate::bulk::AtServerPriority)?;
+                let r = engine.range_read_blocking(plan)?;
                 Ok(large_response::encode_range(&header, r))
             })
             .await??;

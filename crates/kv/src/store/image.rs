@@ -205,9 +205,14 @@ impl<B: Backend> Store<B> {
         {
             // Readers must not see the new history with the old index, or the reverse.
             let mut inner = self.write();
-            replacement.swap().map_err(InstallError::Backend)?;
-            let enabled = auth.enabled;
             let epoch = inner.epoch + 1;
+            // Before the swap: a read that fills values without the lock checks it after.
+            self.installs.store(epoch, std::sync::atomic::Ordering::SeqCst);
+            if let Err(e) = replacement.swap() {
+                self.installs.store(inner.epoch, std::sync::atomic::Ordering::SeqCst);
+                return Err(InstallError::Backend(e));
+            }
+            let enabled = auth.enabled;
             let mut installed = Inner::new(index, members, leases, alarms, auth, meta, epoch);
             self.auth_enabled.store(enabled, std::sync::atomic::Ordering::Release);
             // The revisions between the old state and the image have no events here: watchers

@@ -1,38 +1,50 @@
-//! Ranges read in bounded steps, so that no read holds the store's lock for long.
+//! Ranges read in bounded steps from a snapshot of the index, so that no read holds the store's
+//! lock for long.
 //!
 //! A read takes the index read lock; execution takes the write lock. Read whole, a range of
 //! 100,000 keys held the lock for over a second, and every write (and so every client) waited
-//! for it. [`RangeRead`] reads the same answer in steps of a bounded number of keys, taking the
-//! lock for each step and giving it up between them.
+//! for it. A large [`RangeRead`] takes the lock once, to copy the index (a persistent map: the
+//! copy takes constant time, see `index.rs`), and walks that copy without the lock, in steps of
+//! a bounded number of keys. Walked in steps under the lock instead, a reader on a low-priority
+//! thread that lost its core inside a step made every write wait until it got one back: 1-27 ms
+//! on a busy machine (bench/results/2026-11-29-large-ranges-lock.md). Now no write waits for a
+//! range, whatever its thread's priority.
 //!
-//! Every step reads at the revision the read started at, so the answer is the one a read under
-//! one lock would give: the index keeps every revision at or above the compaction point, new
-//! writes only add later revisions, and each step opens a fresh backend view under the lock, so
-//! every record its index entries point to is in the overlay or in that view. What could break
-//! that is a compaction to a revision above the read's, executed while it runs: a read *pins*
-//! its revision, and the store does not shed index history (nor so remove records) above the
-//! lowest pinned revision until the pin is gone. A compaction still takes effect at once for new
-//! reads; only its physical cleanup waits. An install (a snapshot replacing the whole state)
-//! cannot wait for readers, so a read that spans one fails with [`KvError::Interrupted`].
+//! Every step reads at the revision the read started at, from the index as it was then, so the
+//! answer is the one a read under one lock would give. Values come from the overlay of
+//! uncommitted records or from a backend view. Only records above the store's committed
+//! revision when the read began can be in the overlay: a step looks those up under the lock
+//! (records leave the overlay only after they are committed), then reads the others from a
+//! view it opens after. What could remove a record the read needs is a compaction to a revision
+//! above the read's, executed while it runs: a read *pins* its revision, and the store does not
+//! shed index history (nor so remove records) above the lowest pinned revision until the pin is
+//! gone. A compaction still takes effect at once for new reads; only its physical cleanup
+//! waits. An install (a snapshot replacing the whole state) cannot wait for readers, so a read
+//! that spans one fails with [`KvError::Interrupted`].
 //!
 //! A read goes in two phases. *Planning* walks the index only: it counts the keys and sums the
 //! bytes the answer will hold (the index keeps each value's length), so that a caller can bound
 //! the memory of the reads in flight before any value is read. *Reading* walks the same keys
 //! again, at the same revision, and reads the values. A small range (one step's worth) is read
-//! whole under one lock, as before.
+//! whole under one lock, as before, and copies nothing.
+//!
+//! The copy costs writes a little while a large read runs: a change copies the index nodes (and
+//! the key's list of changes) that the copy still shares, once each. What the copy holds on to
+//! is bounded by the writes made while the read runs.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
 use crate::backend::{Backend, BackendError, BackendView};
-use crate::index::IndexEntry;
+use crate::index::{Index, IndexEntry};
 use crate::range::{self, KeyRange};
 use crate::types::{KeyValue, RangeRequest, RangeResponse, Revision, SortTarget};
 use crate::KvError;
 
-use super::{Inner, Store};
+use super::Store;
 
 /// Bytes a key-value costs in a response beyond its key and value: its protobuf framing and
 /// fields (at most 6 tags, 5 varints, 3 lengths), rounded up.
@@ -101,6 +113,14 @@ pub struct RangeRead {
     _pin: Pin,
     phase: Phase,
     count: i64,
+    /// Keys reading steps have taken so far (their values may not be read yet).
+    taken: usize,
+    /// The index when the read began, which steps walk without the store's lock (empty for a
+    /// read done at once).
+    index: Index,
+    /// The store's committed revision when the read began: only records above it may be in
+    /// the overlay of uncommitted records.
+    committed: Revision,
     /// Keys the answer takes before `range::finish` (limit + 1 when it can stop early).
     hits: usize,
     bytes: u64,
@@ -203,10 +223,13 @@ impl<B: Backend> Store<B> {
             _pin: Pin::new(&self.pins, rev),
             phase: Phase::Planning(None),
             count: 0,
+            taken: 0,
             hits: 0,
             bytes: 0,
             kvs: Vec::new(),
             answer: None,
+            index: Index::default(),
+            committed: inner.current,
         };
         plan(&inner.index, &mut read, step_keys);
         if read.planned() && read.count as usize <= step_keys && read.bytes <= step_bytes {
@@ -214,85 +237,64 @@ impl<B: Backend> Store<B> {
             let view = self.backend.view()?;
             read.answer = Some(inner.reader(&view).range_at(req, header)?);
             read.phase = Phase::Done;
+        } else if !read.done() {
+            read.index = inner.index.snapshot();
         }
         Ok(read)
     }
 
     /// Takes the read one step further: planning (up to `step_keys` keys of the index), or
-    /// reading (up to `step_keys` keys or `step_bytes` bytes of values). The store's lock is held
-    /// for this step only.
+    /// reading (up to `step_keys` keys or `step_bytes` bytes of values). A step walks the read's
+    /// copy of the index; it takes the store's lock only to look up records that may not be
+    /// committed yet, and briefly.
     pub fn range_step(
         &self,
         read: &mut RangeRead,
         step_keys: usize,
         step_bytes: u64,
     ) -> Result<(), KvError> {
-        self.range_step_holding(read, step_keys, step_bytes, &NoHolding)
-    }
-
-    /// [`Store::range_step`], calling `holding` just before the step takes the store's lock
-    /// and just after it gives it up (whatever the step's outcome).
-    pub fn range_step_holding(
-        &self,
-        read: &mut RangeRead,
-        step_keys: usize,
-        step_bytes: u64,
-        holding: &dyn Holding,
-    ) -> Result<(), KvError> {
-        holding.before();
-        let held = Held(holding);
-        let inner = self.read();
-        if inner.epoch != read.epoch {
+        if self.installs.load(Ordering::SeqCst) != read.epoch {
             return Err(KvError::Interrupted);
         }
-        match &read.phase {
+        let index = std::mem::take(&mut read.index);
+        let taken = match &read.phase {
             Phase::Planning(_) => {
-                plan(&inner.index, read, step_keys);
-                Ok(())
+                plan(&index, read, step_keys);
+                Ok(Vec::new())
             }
             Phase::Reading(from) => {
                 let from = from.clone();
-                let taken = take_step(&inner, read, from, step_keys, step_bytes)?;
-                // Opened under the lock, the view holds every record the overlay does not (see
-                // the module's comment); reading from it needs the lock no longer. A reading
-                // thread that loses its core mid-step (a busy machine, a low-priority thread)
-                // then holds up no write: only the index walk is done under the lock.
-                let view = self.backend.view()?;
-                drop(inner);
-                drop(held);
-                read_values(&view, read, taken)
+                take_step(&index, read, from, step_keys, step_bytes)
             }
-            Phase::Done => Ok(()),
+            Phase::Done => Ok(Vec::new()),
+        };
+        read.index = index;
+        let mut taken = taken?;
+        if taken.is_empty() {
+            return Ok(());
         }
+        self.read_overlay(read, &mut taken);
+        let filled = read_values(&self.backend, read, taken);
+        // An install bumps `installs` before it swaps the backend's records, and a view that
+        // saw the new records was opened after the swap: checked after the reads, a step that
+        // read any of them sees the bump.
+        if self.installs.load(Ordering::SeqCst) != read.epoch {
+            return Err(KvError::Interrupted);
+        }
+        filled
     }
-}
 
-/// What a range step does around its hold of the store's lock
-/// ([`Store::range_step_holding`]). A writer waits for every reader that holds the lock, so a
-/// reader on a low-priority thread that loses its core inside a hold makes the writer wait until
-/// it gets one back: milliseconds on a busy machine. Such a reader can hold the lock at a
-/// normal priority instead.
-pub trait Holding {
-    /// Just before the step takes the lock.
-    fn before(&self);
-    /// Just after the step gives the lock up, or fails while holding it.
-    fn after(&self);
-}
-
-/// Nothing around the hold.
-struct NoHolding;
-
-impl Holding for NoHolding {
-    fn before(&self) {}
-    fn after(&self) {}
-}
-
-/// Calls [`Holding::after`] when dropped: on every way out of a hold.
-struct Held<'a>(&'a dyn Holding);
-
-impl Drop for Held<'_> {
-    fn drop(&mut self) {
-        self.0.after();
+    /// The values of `taken` that only the overlay of uncommitted records may hold: those
+    /// above the revision committed when the read began. A record that has left the overlay
+    /// since was committed first, so the view opened after this finds it.
+    fn read_overlay(&self, read: &RangeRead, taken: &mut [Taken]) {
+        let mut recent =
+            taken.iter_mut().filter(|(_, e, v)| v.is_none() && e.rev.main > read.committed);
+        let Some(first) = recent.next() else { return };
+        let inner = self.read();
+        for (_, e, value) in std::iter::once(first).chain(recent) {
+            *value = inner.unflushed.get(&e.rev).map(|r| r.value.clone());
+        }
     }
 }
 
@@ -317,14 +319,13 @@ fn plan(index: &crate::index::Index, read: &mut RangeRead, step_keys: usize) {
     };
 }
 
-/// A key a reading step takes: its index entry, and its value if it was found in the overlay
-/// of unflushed records (or is not wanted), else `None`: to be read from the backend's view.
+/// A key a reading step takes: its index entry, and its value if it is known without the
+/// backend (read from the overlay, or not wanted), else `None`.
 type Taken = (Bytes, IndexEntry, Option<Bytes>);
 
-/// The index half of a reading step, under the lock: the next keys the answer takes, with the
-/// values that only the overlay holds.
+/// The index half of a reading step: the next keys the answer takes.
 fn take_step(
-    inner: &Inner,
+    index: &Index,
     read: &mut RangeRead,
     from: Option<Bytes>,
     step_keys: usize,
@@ -335,8 +336,8 @@ fn take_step(
     let (step_keys, step_bytes) = (step_keys.max(1), step_bytes.max(1));
     let mut taken: Vec<Taken> = Vec::new();
     let (mut bytes, mut next) = (0u64, None);
-    let already = read.kvs.len();
-    inner.index.range_from(&range, read.rev, from.as_deref(), |k, e| {
+    let already = read.taken;
+    index.range_from(&range, read.rev, from.as_deref(), |k, e| {
         if already + taken.len() >= read.hits {
             return false;
         }
@@ -345,26 +346,24 @@ fn take_step(
             return false;
         }
         bytes += read.entry_bytes(k, &e);
-        let value = match with_value {
-            true => inner.unflushed.get(&e.rev).map(|r| r.value.clone()),
-            false => Some(Bytes::new()),
-        };
-        taken.push((k.clone(), e, value));
+        taken.push((k.clone(), e, (!with_value).then(Bytes::new)));
         true
     });
-    let done = already + taken.len() >= read.hits;
+    read.taken += taken.len();
+    let done = read.taken >= read.hits;
     if !done && next.is_none() {
-        // The plan saw more keys than are left at its revision: history it counted on was shed
-        // (the pin failed). Never loop on it; the client retries.
+        // The plan saw more keys than the walk finds: the two walked different indexes. Never
+        // loop on it; the client retries.
         return Err(KvError::Interrupted);
     }
     read.phase = if done { Phase::Done } else { Phase::Reading(next) };
     Ok(taken)
 }
 
-/// The values half of a reading step, without the lock: the values the overlay did not hold.
-fn read_values<V: BackendView>(
-    view: &V,
+/// The values half of a reading step, without the lock: the values the overlay did not hold,
+/// from a view opened at the first of them.
+fn read_values<B: Backend>(
+    backend: &B,
     read: &mut RangeRead,
     taken: Vec<Taken>,
 ) -> Result<(), KvError> {
@@ -372,13 +371,20 @@ fn read_values<V: BackendView>(
         // Only now, once a caller has had the plan's size: the answer's vector, whole.
         read.kvs.reserve_exact(read.hits);
     }
+    let mut view = None;
     for (key, e, value) in taken {
         let value = match value {
             Some(value) => value,
-            None => match view.get(e.rev).map_err(KvError::Backend)? {
-                Some(record) => record.value,
-                None => return Err(KvError::Backend(BackendError::MissingRecord(e.rev))),
-            },
+            None => {
+                let view = match &mut view {
+                    Some(view) => view,
+                    None => view.insert(backend.view()?),
+                };
+                match view.get(e.rev).map_err(KvError::Backend)? {
+                    Some(record) => record.value,
+                    None => return Err(KvError::Backend(BackendError::MissingRecord(e.rev))),
+                }
+            }
         };
         read.kvs.push(KeyValue {
             key,

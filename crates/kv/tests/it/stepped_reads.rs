@@ -1,6 +1,7 @@
 //! Ranges read in steps (`Store::range_begin` / `range_step`) give exactly the answer of a read
 //! under one lock at the moment they began, whatever runs between their steps: writes,
-//! deletes, compactions above the read's revision, physical compaction, and commits.
+//! deletes, compactions above the read's revision, physical compaction, and commits of records
+//! that were in the overlay of uncommitted records when the read began.
 
 use crate::common;
 
@@ -11,7 +12,10 @@ use proptest::prelude::*;
 /// What runs between two steps of a read.
 #[derive(Clone, Debug)]
 enum Between {
+    /// Executed, its records left in the overlay until a `Commit`.
     Cmd(Command),
+    /// Commits what was executed.
+    Commit,
     /// A compaction at the current revision: above the read's once anything was written.
     CompactToCurrent,
     /// Sheds index history and removes records, as the committer does between its commits.
@@ -24,6 +28,7 @@ fn between() -> impl Strategy<Value = Between> {
     let compact = |r| Command::Compact(CompactRequest { revision: Revision(r), physical: false });
     prop_oneof![
         4 => command().prop_map(Between::Cmd),
+        2 => Just(Between::Commit),
         3 => (0i64..60).prop_map(move |r| Between::Cmd(compact(r))),
         2 => Just(Between::CompactToCurrent),
         3 => Just(Between::PhysicalCompaction),
@@ -31,8 +36,11 @@ fn between() -> impl Strategy<Value = Between> {
     ]
 }
 
+#[derive(Default)]
 struct Applier {
     raft_index: u64,
+    /// Executed and not yet committed, in execution order.
+    pending: Vec<Prepared>,
 }
 
 impl Applier {
@@ -40,14 +48,20 @@ impl Applier {
         match b {
             Between::Cmd(cmd) => {
                 self.raft_index += 1;
-                store.apply(&[(self.raft_index, Some(cmd))]).expect("apply");
+                let (_, prepared) = store.execute(&[(self.raft_index, Some(cmd))]).expect("exec");
+                self.pending.push(prepared);
             }
+            Between::Commit => store.commit(std::mem::take(&mut self.pending)).expect("commit"),
             Between::CompactToCurrent => {
                 let revision = store.current_revision();
                 let compact = Command::Compact(CompactRequest { revision, physical: false });
                 self.run(store, &Between::Cmd(compact));
             }
-            Between::PhysicalCompaction => while store.compact_step(2).expect("compact step") {},
+            Between::PhysicalCompaction => {
+                // Only a committed compaction is cleaned up, as the committer does it.
+                self.run(store, &Between::Commit);
+                while store.compact_step(2).expect("compact step") {}
+            }
             Between::Nothing => {}
         }
     }
@@ -65,7 +79,7 @@ proptest! {
         meanwhile in prop::collection::vec(prop::collection::vec(between(), 0..4), 0..20),
     ) {
         let store = Store::open(Shared::default()).expect("open");
-        let mut applier = Applier { raft_index: 0 };
+        let mut applier = Applier::default();
         for cmd in &history {
             applier.run(&store, &Between::Cmd(cmd.clone()));
         }
@@ -138,7 +152,7 @@ fn a_read_across_an_install_is_interrupted() {
 #[test]
 fn a_compaction_above_the_read_waits_for_it() {
     let store = Store::open(Shared::default()).expect("open");
-    let mut a = Applier { raft_index: 0 };
+    let mut a = Applier::default();
     let put = |k: &str, v: &str| {
         Between::Cmd(Command::Put(PutRequest {
             key: k.to_string().into(),
@@ -169,7 +183,7 @@ fn a_compaction_above_the_read_waits_for_it() {
 #[test]
 fn a_held_compaction_is_no_work_until_the_read_ends() {
     let store = Store::open(Shared::default()).expect("open");
-    let mut a = Applier { raft_index: 0 };
+    let mut a = Applier::default();
     for v in ["1", "2"] {
         let put = PutRequest { key: "k".into(), value: v.into(), ..PutRequest::default() };
         a.run(&store, &Between::Cmd(Command::Put(put)));
@@ -178,6 +192,7 @@ fn a_held_compaction_is_no_work_until_the_read_ends() {
     let put = PutRequest { key: "k".into(), value: "3".into(), ..PutRequest::default() };
     a.run(&store, &Between::Cmd(Command::Put(put)));
     a.run(&store, &Between::CompactToCurrent);
+    a.run(&store, &Between::Commit);
     assert!(!store.compaction_work(), "held by the read at an older revision");
     assert!(!store.compact_step(10).expect("step"));
     assert!(!store.physically_compacted());
@@ -185,44 +200,4 @@ fn a_held_compaction_is_no_work_until_the_read_ends() {
     assert!(store.compaction_work());
     a.run(&store, &Between::PhysicalCompaction);
     assert!(store.physically_compacted());
-}
-
-/// A step calls its `Holding` just before it takes the store's lock and just after it gives it
-/// up, on every way out: a planning step, a reading step, and one that fails.
-#[test]
-fn every_hold_is_bracketed_by_the_holdings_calls() {
-    #[derive(Default)]
-    struct Count(std::cell::Cell<(u32, u32)>);
-    impl cairn_kv::Holding for Count {
-        fn before(&self) {
-            let (b, a) = self.0.get();
-            assert_eq!(b, a, "no hold is entered twice");
-            self.0.set((b + 1, a));
-        }
-        fn after(&self) {
-            let (b, a) = self.0.get();
-            assert_eq!(b, a + 1, "after follows its before");
-            self.0.set((b, a + 1));
-        }
-    }
-    let store = Store::open(Shared::default()).expect("open");
-    for i in 0..20u64 {
-        let put = PutRequest { key: format!("k{i:02}").into(), ..PutRequest::default() };
-        store.apply(&[(i + 1, Some(&Command::Put(put)))]).expect("put");
-    }
-    let count = Count::default();
-    let mut read = store.range_begin(&RangeRequest::prefix("k"), 5, u64::MAX).expect("begin");
-    let mut steps = 0;
-    while !read.done() {
-        store.range_step_holding(&mut read, 5, u64::MAX, &count).expect("step");
-        steps += 1;
-    }
-    assert_eq!(read.finish().kvs.len(), 20);
-    assert_eq!(count.0.get(), (steps, steps));
-    let image = store.image().expect("image");
-    let mut read = store.range_begin(&RangeRequest::prefix("k"), 5, u64::MAX).expect("begin");
-    store.install(&image).expect("install");
-    let failed = store.range_step_holding(&mut read, 5, u64::MAX, &count);
-    assert_eq!(failed, Err(KvError::Interrupted));
-    assert_eq!(count.0.get(), (steps + 1, steps + 1), "the failed step gave its hold up too");
 }

@@ -8,7 +8,7 @@
 
 use std::sync::atomic::Ordering;
 
-use cairn_kv::{Holding, KvError, RangeRead, RangeRequest, RangeResponse};
+use cairn_kv::{KvError, RangeRead, RangeRequest, RangeResponse};
 
 use super::Engine;
 use crate::error::EngineError;
@@ -16,14 +16,9 @@ use crate::error::EngineError;
 /// The largest range read whole at once, under one hold of the store's lock, on the caller's
 /// thread: most reads (a Kubernetes list page is 500 keys) take no step at all.
 const WHOLE_KEYS: usize = 1_000;
-/// Keys one step of a larger range walks or reads: a writer waits for at most one step. With 4
-/// clients each reading 100,000 keys in a loop, a 1-client put's p99 had a median of 7.6 ms over
-/// 7 runs in steps of 1,000 keys, and 5.4 ms over 9 runs in steps of 50 or 100 (floor 4.1 ms);
-/// the ranges' own rate moved from 14.4 to 14.2 per second
-/// (bench/results/2026-11-28-large-ranges.md). Steps of 20 keys did no better: the time a range
-/// holds the lock in all is the same, so a low-priority reader is preempted inside a hold as
-/// often. What ends that wait is the caller's [`Holding`], which holds the lock at a normal
-/// priority (bench/results/2026-11-29-large-ranges-lock.md).
+/// Keys one step of a larger range walks or reads. A step walks the read's copy of the index,
+/// so no write waits for it; the steps bound what one call does between two checks that the
+/// engine still runs (and, on a runtime, between two yields).
 const STEP_KEYS: usize = 100;
 /// Bytes of values one reading step reads at most, and the largest answer read whole at once.
 const STEP_BYTES: u64 = 1 << 20;
@@ -96,18 +91,13 @@ impl Engine {
     }
 
     /// Finishes an unfinished plan from [`Engine::range_begin`], for a caller on a thread of
-    /// its own. The store's lock is given up between steps; `holding` is called around each
-    /// hold (see [`Holding`]: a low-priority caller holds the lock at a normal priority).
-    pub fn range_plan_blocking(
-        &self,
-        plan: RangePlan,
-        holding: &dyn Holding,
-    ) -> Result<RangePlan, EngineError> {
+    /// its own.
+    pub fn range_plan_blocking(&self, plan: RangePlan) -> Result<RangePlan, EngineError> {
         let RangePlan { mut read } = plan;
         let store = &self.shared.store;
         while !read.planned() {
             self.check_running()?;
-            store.range_step_holding(&mut read, STEP_KEYS, STEP_BYTES, holding)?;
+            store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
         }
         Ok(RangePlan { read })
     }
@@ -125,18 +115,13 @@ impl Engine {
     }
 
     /// [`Engine::range_read`] for a caller on a thread of its own (a blocking pool's): the same
-    /// steps, without yielding between them. The store's lock is still given up between steps,
-    /// and `holding` is called around each hold, as in [`Engine::range_plan_blocking`].
-    pub fn range_read_blocking(
-        &self,
-        plan: RangePlan,
-        holding: &dyn Holding,
-    ) -> Result<RangeResponse, EngineError> {
+    /// steps, without yielding between them.
+    pub fn range_read_blocking(&self, plan: RangePlan) -> Result<RangeResponse, EngineError> {
         let RangePlan { mut read } = plan;
         let store = &self.shared.store;
         while !read.done() {
             self.check_running()?;
-            store.range_step_holding(&mut read, STEP_KEYS, STEP_BYTES, holding)?;
+            store.range_step(&mut read, STEP_KEYS, STEP_BYTES)?;
         }
         Ok(read.finish())
     }
