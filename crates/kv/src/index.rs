@@ -41,22 +41,61 @@ impl IndexEntry {
 /// All keys' change histories.
 ///
 /// A persistent map: [`Index::snapshot`] is a copy in constant time that shares every node, and
-/// a change copies only the nodes (and the key's list of changes) that a snapshot still shares.
+/// a change copies only the nodes (and the key's changes) that a snapshot still shares.
 /// So a large range walks a snapshot without the store's lock, and a write never waits for it
 /// (store/read.rs). Lookups and changes cost about what a `BTreeMap`'s do; a walk in key order
 /// about 1.5 times as much.
 #[derive(Clone, Debug, Default)]
 pub struct Index {
-    /// Invariant: each list is non-empty and sorted by `rev`.
-    keys: imbl::OrdMap<Bytes, Arc<Vec<IndexEntry>>>,
+    keys: imbl::OrdMap<Bytes, Changes>,
+}
+
+/// A key's changes, sorted by revision; never empty. Most keys have one, kept inline: behind an
+/// `Arc` of its own, a key's single change cost 37 more bytes (300,000 keys: 229 against
+/// 217 MiB of RSS with a `BTreeMap` of vectors).
+#[derive(Clone, Debug)]
+enum Changes {
+    One(IndexEntry),
+    /// Shared with the snapshots taken since its last change, which copies it.
+    Many(Arc<Vec<IndexEntry>>),
+}
+
+impl Changes {
+    fn as_slice(&self) -> &[IndexEntry] {
+        match self {
+            Changes::One(e) => std::slice::from_ref(e),
+            Changes::Many(list) => list,
+        }
+    }
+
+    fn push(&mut self, entry: IndexEntry) {
+        debug_assert!(self.as_slice().last().is_none_or(|e| e.rev < entry.rev));
+        match self {
+            Changes::One(e) => *self = Changes::Many(Arc::new(vec![*e, entry])),
+            Changes::Many(list) => Arc::make_mut(list).push(entry),
+        }
+    }
+
+    /// Drops the first `cut` changes, fewer than all, into `dropped`.
+    fn drop_first(&mut self, cut: usize, dropped: &mut Vec<RevisionId>) {
+        let Changes::Many(list) = self else { return };
+        let list = Arc::make_mut(list);
+        dropped.extend(list.drain(..cut).map(|e| e.rev));
+        if let [only] = list[..] {
+            *self = Changes::One(only);
+        }
+    }
 }
 
 impl Index {
     /// Records a change; revisions must arrive in increasing order per key.
     pub fn push(&mut self, key: Bytes, entry: IndexEntry) {
-        let list = Arc::make_mut(self.keys.entry(key).or_default());
-        debug_assert!(list.last().is_none_or(|e| e.rev < entry.rev));
-        list.push(entry);
+        match self.keys.get_mut(&key) {
+            Some(changes) => changes.push(entry),
+            None => {
+                self.keys.insert(key, Changes::One(entry));
+            }
+        }
     }
 
     /// The index as it is now, unchanged by later changes to this one.
@@ -66,7 +105,7 @@ impl Index {
 
     /// The key's state at `rev`: its last change at or before `rev`, unless that was a deletion.
     pub fn get(&self, key: &[u8], rev: Revision) -> Option<IndexEntry> {
-        self.keys.get(key).and_then(|list| live_at(list, rev))
+        self.keys.get(key).and_then(|changes| live_at(changes.as_slice(), rev))
     }
 
     /// Visits the live keys of `range` at `rev` in key order until `visit` returns false.
@@ -101,8 +140,8 @@ impl Index {
             return;
         }
         let upper = range.end().map_or(Bound::Unbounded, |e| Bound::Excluded(e.as_ref()));
-        for (key, list) in self.keys.range::<_, [u8]>((Bound::Included(lower), upper)) {
-            if let Some(e) = live_at(list, rev) {
+        for (key, changes) in self.keys.range::<_, [u8]>((Bound::Included(lower), upper)) {
+            if let Some(e) = live_at(changes.as_slice(), rev) {
                 if !visit(key, e) {
                     return;
                 }
@@ -137,17 +176,18 @@ impl Index {
         let resume = if keys.len() > max { keys.last().cloned() } else { None };
         let mut dropped = Vec::new();
         for k in keys.iter().take(max) {
-            let Some(list) = self.keys.get(k) else { continue };
+            let Some(changes) = self.keys.get(k) else { continue };
+            let list = changes.as_slice();
             let cut = compaction_cut(list, at);
             if cut == 0 {
                 // Nothing to drop: a change would copy the nodes a snapshot shares for nothing.
                 continue;
             }
-            let Some(list) = self.keys.get_mut(k) else { continue };
-            let list = Arc::make_mut(list);
-            dropped.extend(list.drain(..cut).map(|e| e.rev));
-            if list.is_empty() {
+            if cut == list.len() {
+                dropped.extend(list.iter().map(|e| e.rev));
                 self.keys.remove(k);
+            } else if let Some(changes) = self.keys.get_mut(k) {
+                changes.drop_first(cut, &mut dropped);
             }
         }
         (dropped, resume)
@@ -159,6 +199,7 @@ impl Index {
         let mut out: Vec<RevisionId> = self
             .keys
             .values()
+            .map(Changes::as_slice)
             .flat_map(|list| list[compaction_cut(list, at)..].iter().map(|e| e.rev))
             .collect();
         out.sort_unstable();
@@ -167,7 +208,7 @@ impl Index {
 
     /// Every key with its changes, in key order.
     pub fn iter(&self) -> impl Iterator<Item = (&Bytes, &[IndexEntry])> {
-        self.keys.iter().map(|(k, list)| (k, list.as_slice()))
+        self.keys.iter().map(|(k, changes)| (k, changes.as_slice()))
     }
 
     pub fn key_count(&self) -> usize {
@@ -231,5 +272,7 @@ mod tests {
         assert_eq!(snapshot.get(b"b", Revision(6)).map(|e| e.version), Some(2));
         assert_eq!(index.get(b"b", Revision(6)), None);
         assert_eq!((snapshot.key_count(), index.key_count()), (3, 3));
+        let a: Vec<_> = index.iter().filter(|(k, _)| k.as_ref() == b"a").collect();
+        assert_eq!(a[0].1, [entry(4, false)], "a's one change left");
     }
 }
