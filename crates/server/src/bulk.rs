@@ -85,8 +85,7 @@ fn work(queue: &Mutex<mpsc::Receiver<Job>>) {
     // to the server's own: a server started with `nice` keeps its bulk threads below itself
     // (an absolute value would raise them above it, as root may).
     let own = rustix::process::getpriority_process(None).unwrap_or(0);
-    let low = (own + NICE).min(19);
-    if let Err(e) = rustix::process::setpriority_process(None, low) {
+    if let Err(e) = rustix::process::setpriority_process(None, (own + NICE).min(19)) {
         tracing::warn!("range threads run at normal priority: setpriority failed: {e}");
     }
     loop {

@@ -113,8 +113,6 @@ pub struct RangeRead {
     _pin: Pin,
     phase: Phase,
     count: i64,
-    /// Keys reading steps have taken so far (their values may not be read yet).
-    taken: usize,
     /// The index when the read began, which steps walk without the store's lock (empty for a
     /// read done at once).
     index: Index,
@@ -223,7 +221,6 @@ impl<B: Backend> Store<B> {
             _pin: Pin::new(&self.pins, rev),
             phase: Phase::Planning(None),
             count: 0,
-            taken: 0,
             hits: 0,
             bytes: 0,
             kvs: Vec::new(),
@@ -336,7 +333,7 @@ fn take_step(
     let (step_keys, step_bytes) = (step_keys.max(1), step_bytes.max(1));
     let mut taken: Vec<Taken> = Vec::new();
     let (mut bytes, mut next) = (0u64, None);
-    let already = read.taken;
+    let already = read.kvs.len();
     index.range_from(&range, read.rev, from.as_deref(), |k, e| {
         if already + taken.len() >= read.hits {
             return false;
@@ -349,8 +346,7 @@ fn take_step(
         taken.push((k.clone(), e, (!with_value).then(Bytes::new)));
         true
     });
-    read.taken += taken.len();
-    let done = read.taken >= read.hits;
+    let done = already + taken.len() >= read.hits;
     if !done && next.is_none() {
         // The plan saw more keys than the walk finds: the two walked different indexes. Never
         // loop on it; the client retries.
