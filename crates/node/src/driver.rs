@@ -26,6 +26,7 @@ use crate::metrics::{EngineMetrics, TimedDir};
 use crate::peers::PeerInput;
 use crate::replica::{Replica, Reply};
 use crate::shared::Shared;
+use crate::spin::SpinPolicy;
 
 /// How a caller waits for its answer.
 pub(crate) type Token = oneshot::Sender<Result<Reply, EngineError>>;
@@ -202,6 +203,9 @@ pub(crate) struct Driver {
     removed: bool,
     /// The inputs of the current turn (kept to reuse its allocation).
     batch: Vec<Input>,
+    /// Whether the driver waits awake for its next input after a turn that had work
+    /// (`spin.rs`).
+    spin: SpinPolicy,
 }
 
 impl Driver {
@@ -210,7 +214,7 @@ impl Driver {
         (committer, syncer): (committer::Handle, Option<LogSyncer>),
         shared: Arc<Shared>,
         (rx, poll): (Receiver<Input>, MessagePoll),
-        tick: Duration,
+        (tick, spin_wait): (Duration, Duration),
         transport: Option<Transport>,
         notify: Notify,
     ) -> Driver {
@@ -228,6 +232,7 @@ impl Driver {
             notify,
             removed: false,
             batch: Vec::new(),
+            spin: SpinPolicy::new(spin_wait),
         }
     }
 
@@ -287,8 +292,10 @@ impl Driver {
         // From here the replica's ticks follow the real clock: callers renewing leases convert
         // their moment into the tick this loop reaches by then.
         self.replica.lease_clock().start(start, self.replica.ticks(), self.tick);
+        // Whether the last turn had work: then the next input is likely to come soon.
+        let mut worked = false;
         loop {
-            let first = self.next_input(next_tick);
+            let first = self.next_input(next_tick, worked);
             // The clock before any input: a member that stalled (SIGSTOP, a VM pause) must
             // count every tick that passed before it judges a read by its lease, or the lease
             // would outlive itself. One tick per turn would let a queued read in first.
@@ -297,6 +304,7 @@ impl Driver {
                 next_tick += self.tick;
             }
             let mut taken = 0;
+            worked = matches!(first, Ok(Some(_)));
             match first {
                 Ok(Some(input)) => {
                     let mut batch = std::mem::take(&mut self.batch);
@@ -319,6 +327,7 @@ impl Driver {
             // read its followers' answers and heartbeats.
             let budget = TURN_BYTES.saturating_sub(taken).max(PEER_READ_MIN);
             self.poll.read(budget, &mut self.peer_msgs);
+            worked |= !self.peer_msgs.is_empty();
             for msg in self.peer_msgs.drain(..) {
                 self.replica.handle_message(msg);
             }
@@ -331,8 +340,13 @@ impl Driver {
 
     /// The first input of a turn: one queued, or none when a peer's socket has bytes left
     /// unread or a tick is due. Otherwise sleeps until an input is queued, a peer's socket has
-    /// bytes, or the next tick.
-    fn next_input(&mut self, next_tick: Instant) -> Result<Option<Input>, Disconnected> {
+    /// bytes, or the next tick; after a turn that `worked`, it may first wait awake for them
+    /// (`spin.rs`).
+    fn next_input(
+        &mut self,
+        next_tick: Instant,
+        worked: bool,
+    ) -> Result<Option<Input>, Disconnected> {
         let take = |rx: &Receiver<Input>| match rx.try_recv() {
             Ok(input) => Ok(Some(input)),
             Err(TryRecvError::Empty) => Ok(None),
@@ -344,6 +358,30 @@ impl Driver {
         let wait = next_tick.saturating_duration_since(Instant::now());
         if self.poll.has_unread() || wait.is_zero() {
             return Ok(None);
+        }
+        let awake = if worked { self.spin.begin() } else { None };
+        if let Some(max) = awake {
+            let bound = max.min(wait);
+            let start = Instant::now();
+            loop {
+                if let Some(input) = take(&self.rx)? {
+                    self.spin.record(true);
+                    return Ok(Some(input));
+                }
+                if self.poll.peek() {
+                    self.spin.record(true);
+                    return Ok(None);
+                }
+                if start.elapsed() >= bound {
+                    // A tick cut short is not a miss: the tick is the event.
+                    if bound == max {
+                        self.spin.record(false);
+                    }
+                    break;
+                }
+                // The core first to any thread that wants it: this takes only idle time.
+                std::thread::yield_now();
+            }
         }
         // Announced before the last look at the queue: a sender that queues after that look
         // sees the announcement and wakes the sleep.

@@ -58,6 +58,8 @@ pub struct Engine {
     ids: RequestIds,
     /// The simple auth tokens this member issued.
     tokens: auth::Tokens,
+    /// How a lone request waits for its answer (`spin.rs`).
+    spin: crate::spin::AnswerSpin,
     cfg: EngineConfig,
     _lock: crate::datadir::DirLock,
 }
@@ -257,7 +259,7 @@ impl Engine {
             (committer, syncer),
             shared.clone(),
             (rx, poll),
-            cfg.tick_interval,
+            (cfg.tick_interval, cfg.spin_wait),
             transport,
             notify,
         );
@@ -274,6 +276,7 @@ impl Engine {
             driver: Mutex::new(Some(handle)),
             ids: RequestIds::new(id, now_micros()),
             tokens: auth::Tokens::default(),
+            spin: crate::spin::AnswerSpin::new(cfg.spin_wait),
             cfg,
             _lock: lock,
         })
@@ -398,9 +401,10 @@ impl Engine {
         if self.shared.failed.load(Ordering::SeqCst) {
             return Err(self.stopped());
         }
-        let (reply, rx) = oneshot::channel();
+        let asking = self.spin.begin();
+        let (reply, mut rx) = oneshot::channel();
         self.tx.send(input(reply)).map_err(|_| self.stopped())?;
-        rx.await.map_err(|_| self.stopped())?
+        asking.wait(&mut rx).await.ok_or_else(|| self.stopped())?
     }
 
     async fn propose(&self, cmd: Command) -> Result<CommandResponse, EngineError> {

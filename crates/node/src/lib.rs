@@ -64,6 +64,7 @@ mod request;
 pub mod restore;
 mod shared;
 mod snapshot_images;
+mod spin;
 mod waiters;
 mod watch;
 

@@ -189,6 +189,17 @@ impl MessagePoll {
         self.fresh = true;
     }
 
+    /// Looks for connections with bytes, without sleeping: true if any. The next
+    /// [`MessagePoll::read`] reads them without asking again.
+    pub fn peek(&mut self) -> bool {
+        self.register_adopted();
+        if !self.conns.is_empty() {
+            self.gather(Some(Duration::ZERO));
+            self.fresh = true;
+        }
+        !self.ready.is_empty()
+    }
+
     /// Reads the connections that have bytes, until about `budget` bytes were read, and puts
     /// every message they carry in `out`, in each connection's order. Returns the bytes read.
     pub fn read(&mut self, budget: u64, out: &mut Vec<Message>) -> u64 {
