@@ -383,6 +383,11 @@ impl Driver {
                 std::thread::yield_now();
             }
         }
+        // The wait awake took part of the time to the tick, or all of it.
+        let wait = next_tick.saturating_duration_since(Instant::now());
+        if wait.is_zero() {
+            return Ok(None);
+        }
         // Announced before the last look at the queue: a sender that queues after that look
         // sees the announcement and wakes the sleep.
         self.poll.prepare_sleep();

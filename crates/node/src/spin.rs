@@ -29,6 +29,10 @@
 //! includes the very wakeup waiting awake saves, so once asleep a member would look too slow to
 //! ever wait awake again (an earlier rule did exactly that, and lost the gain in two of three
 //! runs).
+//!
+//! The time a wait takes shows as the member's CPU use. Under a CPU quota it is not idle time:
+//! it counts against the quota, so `cairn serve` sets no wait there (`cpu_quota.rs` in the
+//! server).
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
