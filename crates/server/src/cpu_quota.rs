@@ -6,6 +6,17 @@
 //! than the wakeups saved. So the default wait is off under a quota.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// `--spin-wait` when the flag is not given: none under a CPU quota, else 500 µs.
+pub(crate) fn default_spin_wait() -> Duration {
+    if limited() {
+        tracing::info!("a CPU quota applies: threads sleep at once (--spin-wait 0)");
+        Duration::ZERO
+    } else {
+        Duration::from_micros(500)
+    }
+}
 
 /// True if the process's cgroup, or one above it, has a CPU quota (cgroup v2's `cpu.max`, or
 /// v1's `cpu.cfs_quota_us`). Unreadable files count as no quota.

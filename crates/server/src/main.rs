@@ -346,14 +346,7 @@ fn serve_config(a: ServeArgs) -> Result<ServeConfig> {
         "async" => cairn_node::LogSync::Async,
         _ => cairn_node::LogSync::Auto,
     };
-    engine.spin_wait = a.spin_wait.unwrap_or_else(|| {
-        if cpu_quota::limited() {
-            tracing::info!("a CPU quota applies: threads sleep at once (--spin-wait 0)");
-            std::time::Duration::ZERO
-        } else {
-            std::time::Duration::from_micros(500)
-        }
-    });
+    engine.spin_wait = a.spin_wait.unwrap_or_else(cpu_quota::default_spin_wait);
     if a.read_mode == "lease" {
         engine.read_mode = cairn_node::ReadMode::Lease;
     }
